@@ -1,0 +1,44 @@
+# Two commands for a fresh machine (Python 3.10+ and make):
+#   make demo   set everything up, run the main job on the local target
+#   make test   set everything up, run all tests
+# Everything lands in .venv (the project's environment) and .runtime (Triton, weights, logs).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+RUNTIME := .runtime
+# This machine's disk holds the torch build pinned in constraints/local.txt.
+CONSTRAINTS ?= constraints/local.txt
+
+.PHONY: demo test setup venv runtime weights lint clean
+
+demo: setup
+	$(BIN)/python -m provision.demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+setup: venv runtime weights
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml model_repository/requirements.txt $(CONSTRAINTS)
+	$(PYTHON) -c 'import sys; sys.exit("Python 3.10+ needed, found " + sys.version) if sys.version_info < (3, 10) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -r model_repository/requirements.txt -e '.[dev]'
+	touch $@
+
+runtime: $(RUNTIME)/triton/triton-runtime.json
+$(RUNTIME)/triton/triton-runtime.json: $(VENV)/.installed provision/local_triton.py
+	$(BIN)/python -m provision.local_triton install
+
+weights: $(RUNTIME)/weights/SMOKE_WEIGHTS
+$(RUNTIME)/weights/SMOKE_WEIGHTS: $(VENV)/.installed provision/smoke_weights.py
+	$(BIN)/python -m provision.smoke_weights $(RUNTIME)/weights --force
+
+lint: venv
+	$(BIN)/ruff check provision tests model_repository client_scripts tasks.py
+
+clean:
+	-$(BIN)/python -m provision.local_triton stop
+	rm -rf $(RUNTIME)

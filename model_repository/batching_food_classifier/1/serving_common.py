@@ -1,0 +1,1 @@
+../../food_classifier/1/serving_common.py

@@ -1,0 +1,99 @@
+"""Triton Python-backend model: BLIP captioning conditioned on a food label.
+
+Input  INPUT       TYPE_STRING  base64 image file
+       FOOD_LABEL  TYPE_STRING  label to condition on (from the classifier in the ensemble)
+Output OUTPUT      TYPE_STRING  the caption, which starts with the prompt ("a photo of bread, ...")
+
+BLIP loads from the model parameter blip_source: a Hugging Face hub id such as
+Salesforce/blip-image-captioning-base (where the host can reach the hub) or a
+local folder written by save_pretrained (or by provision.smoke_weights).
+"""
+
+import json
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+from serving_common import (
+    DEFAULT_MAX_ENCODED_BYTES,
+    DEFAULT_MAX_PIXELS,
+    InvalidImage,
+    decode_image,
+    instance_device,
+    is_smoke_weights,
+    model_parameters,
+    triton_error_response,
+)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from transformers import BlipForConditionalGeneration, BlipProcessor
+
+        config = json.loads(args["model_config"])
+        params = model_parameters(config)
+        self.name = args["model_name"]
+        self.prompt_template = params.get("prompt_template") or "a photo of {label},"
+        self.max_new_tokens = int(params.get("max_new_tokens") or 30)
+        self.max_encoded_bytes = int(params.get("max_encoded_bytes") or DEFAULT_MAX_ENCODED_BYTES)
+        self.max_pixels = int(params.get("max_pixels") or DEFAULT_MAX_PIXELS)
+        threads = int(params.get("torch_threads") or 0)
+        if threads > 0:
+            torch.set_num_threads(threads)
+
+        source = params["blip_source"]
+        self.device = instance_device(args["model_instance_kind"], args["model_instance_device_id"])
+        self.processor = BlipProcessor.from_pretrained(source)
+        self.model = BlipForConditionalGeneration.from_pretrained(source).to(self.device).eval()
+        pb_utils.Logger.log_info(f"[{self.name}] BLIP from {source} on {self.device}")
+        if params.get("cpu_fallback"):
+            pb_utils.Logger.log_warn(f"[{self.name}] {params['cpu_fallback']}")
+        if is_smoke_weights(source):
+            pb_utils.Logger.log_warn(f"[{self.name}] SMOKE WEIGHTS: tiny random BLIP, captions are meaningless")
+
+    def _prompt(self, label: bytes) -> str:
+        return self.prompt_template.format(label=label.decode("utf-8", errors="replace").lower())
+
+    @torch.inference_mode()
+    def _caption(self, images, prompts):
+        inputs = self.processor(images=images, text=prompts, return_tensors="pt").to(self.device)
+        generated = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens)
+        return self.processor.batch_decode(generated, skip_special_tokens=True)
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        # Items with the same prompt have the same token length, so they batch
+        # without padding (padding would shift the start of the generation).
+        groups = {}  # prompt -> [(request index, position, image)]
+        shapes = {}
+        for index, request in enumerate(requests):
+            images = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            labels = pb_utils.get_input_tensor_by_name(request, "FOOD_LABEL").as_numpy()
+            try:
+                decoded = [decode_image(item, self.max_encoded_bytes, self.max_pixels) for item in images.reshape(-1)]
+            except InvalidImage as error:
+                responses[index] = triton_error_response(pb_utils, f"{self.name}: {error}")
+                continue
+            shapes[index] = images.shape
+            for position, (image, label) in enumerate(zip(decoded, labels.reshape(-1))):
+                groups.setdefault(self._prompt(label), []).append((index, position, image))
+
+        captions = {index: [None] * int(np.prod(shape)) for index, shape in shapes.items()}
+        failed = {}
+        for prompt, members in groups.items():
+            try:
+                texts = self._caption([image for _, _, image in members], [prompt] * len(members))
+            except Exception as error:  # noqa: BLE001 - fail these requests, keep the stub alive
+                for index, _, _ in members:
+                    failed[index] = f"{self.name}: captioning failed: {error}"
+                continue
+            for (index, position, _), text in zip(members, texts):
+                captions[index][position] = text.strip()
+
+        for index, shape in shapes.items():
+            if index in failed:
+                responses[index] = triton_error_response(pb_utils, failed[index], client_error=False)
+                continue
+            output = np.array([text.encode() for text in captions[index]], dtype=np.object_).reshape(shape)
+            responses[index] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)])
+        return responses

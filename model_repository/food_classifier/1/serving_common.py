@@ -1,0 +1,158 @@
+"""What every Python model of this repository needs, Triton or not.
+
+- decoding of the INPUT_IMAGE tensor: one base64 string -> one RGB PIL image;
+- reading the model-config parameters;
+- choosing the device of an instance (the GPU Triton assigned, else the CPU).
+
+Shared by the classifier and the captioning model (each model version folder
+links to this file). Pure Python + Pillow, so tests and benchmarks import it
+without Triton.
+
+Every way an input can be unusable raises InvalidImage with a message meant
+for the client; the models turn it into an error for that request alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import logging
+import os
+
+from PIL import Image, UnidentifiedImageError
+
+# Defaults of the model-config parameters max_encoded_bytes / max_pixels.
+DEFAULT_MAX_ENCODED_BYTES = 20 * 1024 * 1024  # ~15 MB of image file
+DEFAULT_MAX_PIXELS = 40_000_000  # a 48 MP phone photo is 8000x6000; 4000x3000 is 12 MP
+
+_DATA_URL_MARK = b";base64,"
+
+# A file of this name beside a weights file (or inside a weights folder) marks
+# weights made by `provision.smoke_weights`: real architecture, random values.
+SMOKE_MARKER = "SMOKE_WEIGHTS"
+
+
+def is_smoke_weights(path: str) -> bool:
+    """Whether `path` (a weights file or folder) was generated as smoke weights."""
+    if not path or not os.path.exists(path):
+        return False
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    return os.path.exists(os.path.join(folder, SMOKE_MARKER))
+
+
+class InvalidImage(ValueError):
+    """The request's image cannot be used; str(error) tells the client why."""
+
+
+def as_bytes(item: object) -> bytes:
+    """A BYTES tensor element (bytes, numpy.bytes_ or str) as bytes."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("ascii", errors="replace")
+    raise InvalidImage(f"INPUT_IMAGE element has type {type(item).__name__}, expected a base64 string")
+
+
+def decode_base64(item: object, max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES) -> bytes:
+    """The image file bytes inside a base64 string (plain, line-wrapped, or a data: URL)."""
+    text = as_bytes(item)
+    if len(text) > max_encoded_bytes:
+        raise InvalidImage(f"INPUT_IMAGE is {len(text)} bytes of base64, over the limit of {max_encoded_bytes} bytes")
+    if text.startswith(b"data:") and _DATA_URL_MARK in text:
+        text = text.split(_DATA_URL_MARK, 1)[1]
+    text = b"".join(text.split())  # `base64` and many clients wrap lines at 76 columns
+    if not text:
+        raise InvalidImage("INPUT_IMAGE is empty: expected a base64-encoded image file")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise InvalidImage(f"INPUT_IMAGE is not valid base64 ({error})") from None
+
+
+def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Identify an image file and check its size, without decoding its pixels yet."""
+    if not data:
+        raise InvalidImage("INPUT_IMAGE decodes to zero bytes: expected an image file")
+    try:
+        image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise InvalidImage(
+            f"INPUT_IMAGE is not an image: Pillow cannot identify the format of its {len(data)} bytes"
+        ) from None
+    except Image.DecompressionBombError as error:
+        raise InvalidImage(f"INPUT_IMAGE is too large: {error}") from None
+    except (OSError, SyntaxError, ValueError) as error:
+        raise InvalidImage(f"INPUT_IMAGE is unreadable: {error}") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise InvalidImage(
+            f"INPUT_IMAGE is {width}x{height} = {width * height} pixels, over the limit of {max_pixels} pixels"
+        )
+    if width == 0 or height == 0:
+        raise InvalidImage(f"INPUT_IMAGE has no pixels ({width}x{height})")
+    return image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Decode the pixels and convert grayscale, palette, RGBA and CMYK images to RGB."""
+    try:
+        image.load()
+    except Image.DecompressionBombError as error:
+        raise InvalidImage(f"INPUT_IMAGE is too large: {error}") from None
+    except (OSError, SyntaxError, ValueError) as error:
+        # Pillow reports a truncated JPEG as "image file is truncated".
+        raise InvalidImage(f"INPUT_IMAGE is unreadable or truncated: {error}") from None
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        # Transparent pixels become white, as an image viewer shows them.
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return image.convert("RGB")
+
+
+def decode_image(
+    item: object,
+    max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Image.Image:
+    """One INPUT_IMAGE element -> an RGB image, or InvalidImage saying why not."""
+    return to_rgb(open_image(decode_base64(item, max_encoded_bytes), max_pixels))
+
+
+def model_parameters(model_config: dict) -> dict[str, str]:
+    """The `parameters { key: ... value: { string_value: ... } }` of a model config."""
+    return {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
+
+
+def instance_device(instance_kind: str, device_id: str | int, log: logging.Logger | None = None) -> str:
+    """The torch device for a Triton instance: its assigned GPU, or the CPU.
+
+    A KIND_GPU instance on a host where torch sees no CUDA device falls back to
+    the CPU (and says so) rather than failing to load.
+    """
+    if instance_kind.upper() == "GPU":
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{int(device_id)}"
+        if log:
+            log.warning("instance asked for GPU %s but torch sees no CUDA device: running on CPU", device_id)
+    return "cpu"
+
+
+def triton_error_response(pb_utils, message: str, client_error: bool = True):
+    """An InferenceResponse that fails one request with `message`.
+
+    client_error marks it INVALID_ARG (HTTP 400) where the backend supports codes.
+    """
+    error = None
+    if client_error:
+        try:
+            error = pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+        except (AttributeError, TypeError):  # older python backends take no error code
+            pass
+    return pb_utils.InferenceResponse(output_tensors=[], error=error or pb_utils.TritonError(message))

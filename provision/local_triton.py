@@ -1,0 +1,427 @@
+"""A real Triton Inference Server without Docker or a GPU: install, start, wait, stop.
+
+The PyPI wheel nvidia-pytriton 0.7.0 carries a complete tritonserver 2.51.0
+(the release in NGC 24.10, the image the P100 node runs) with its Python
+backend, and tritonclient 2.51.0 carries perf_analyzer. `install` lays them
+out in a runtime folder; `TritonProcess` runs the server as a background
+process with a pid file and a log file. Only the standard library is used
+here, so the same file can run on any host that has the serving Python.
+
+    python -m provision.local_triton install
+    python -m provision.local_triton start --model-repository DIR
+    python -m provision.local_triton status
+    python -m provision.local_triton stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_WHEEL = "nvidia-pytriton==0.7.0"
+LOG_TAIL_LINES = 40
+
+
+class TritonError(RuntimeError):
+    """The local Triton could not be installed, started or stopped; the message says why."""
+
+
+# --------------------------------------------------------------------------- install
+
+
+@dataclass(frozen=True)
+class TritonRuntime:
+    """Where the pieces of an installed runtime are."""
+
+    root: Path
+
+    @property
+    def wheel(self) -> Path:  # the unpacked nvidia-pytriton wheel
+        return self.root / "pytriton-wheel"
+
+    @property
+    def server_dir(self) -> Path:
+        return self.wheel / "pytriton" / "tritonserver"
+
+    @property
+    def tritonserver(self) -> Path:
+        return self.server_dir / "bin" / "tritonserver"
+
+    @property
+    def backends(self) -> Path:
+        return self.server_dir / "backends"
+
+    @property
+    def bundled_libs(self) -> Path:  # shared libraries the wheel ships (hashed names)
+        return self.wheel / "nvidia_pytriton.libs"
+
+    @property
+    def lib(self) -> Path:  # plain-named links perf_analyzer looks for
+        return self.root / "lib"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "triton-runtime.json"
+
+    def read_manifest(self) -> dict:
+        try:
+            return json.loads(self.manifest.read_text())
+        except FileNotFoundError:
+            raise TritonError(
+                f"no Triton runtime installed in {self.root}: run `python -m provision.local_triton install`"
+            ) from None
+
+
+def _python_facts(python: str) -> dict:
+    """Version and libpython folder of the serving Python."""
+    code = (
+        "import json, sys, sysconfig; print(json.dumps({"
+        "'version': '%d.%d' % sys.version_info[:2],"
+        "'libdir': sysconfig.get_config_var('LIBDIR'),"
+        "'multiarch': sysconfig.get_config_var('MULTIARCH') or ''}))"
+    )
+    facts = json.loads(subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout)
+    # The stub links libpython3.X.so.1.0: pyenv/python.org builds with
+    # --enable-shared have it in LIBDIR, Debian ships it in package libpython3.X.
+    library = f"libpython{facts['version']}.so.1.0"
+    candidates = [Path(facts["libdir"]), Path(facts["libdir"]) / facts["multiarch"]]
+    found = next((folder for folder in candidates if (folder / library).exists()), None)
+    if found is None:
+        raise TritonError(
+            f"{library} not found for {python}: Triton's Python backend stub needs a shared libpython "
+            f"(Debian/Ubuntu: apt-get install libpython{facts['version']}; "
+            "pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)"
+        )
+    facts["libdir"] = str(found)
+    return facts
+
+
+def _link_plain_name(lib_dir: Path, bundled: Path, pattern: str, plain_name: str) -> None:
+    matches = sorted(bundled.glob(pattern))
+    if not matches:
+        raise TritonError(f"{pattern} not found in {bundled}: is the {DEFAULT_WHEEL} wheel complete?")
+    link = lib_dir / plain_name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(matches[0])
+
+
+def install(root: Path, serving_python: str = sys.executable, wheel: str = DEFAULT_WHEEL) -> TritonRuntime:
+    """Lay out tritonserver and its Python backend for `serving_python` in `root`.
+
+    Idempotent: the wheel is fetched once; the stub and links are refreshed.
+    """
+    runtime = TritonRuntime(Path(root).resolve())
+    facts = _python_facts(serving_python)
+    if not runtime.tritonserver.exists():
+        runtime.root.mkdir(parents=True, exist_ok=True)
+        staging = runtime.wheel.with_name(runtime.wheel.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(staging), wheel]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise TritonError(f"could not fetch {wheel}:\n{result.stderr.strip()[-2000:]}")
+        staging.rename(runtime.wheel)
+
+    # The Python backend runs models in a stub process built for one Python version.
+    stub = runtime.server_dir / "python_backend_stubs" / facts["version"] / "triton_python_backend_stub"
+    if not stub.exists():
+        available = sorted(p.name for p in (runtime.server_dir / "python_backend_stubs").iterdir())
+        raise TritonError(f"no Python backend stub for Python {facts['version']} (available: {available})")
+    shutil.copy2(stub, runtime.backends / "python" / "triton_python_backend_stub")
+
+    # perf_analyzer (tritonclient wheel) needs these two under their plain names.
+    runtime.lib.mkdir(parents=True, exist_ok=True)
+    _link_plain_name(runtime.lib, runtime.bundled_libs, "libb64-*.so.0d", "libb64.so.0d")
+    _link_plain_name(runtime.lib, runtime.bundled_libs, "libcudart-*.so.12*", "libcudart.so.12")
+
+    manifest = {
+        "triton_wheel": wheel,
+        "tritonserver": str(runtime.tritonserver),
+        "backends": str(runtime.backends),
+        "serving_python": serving_python,
+        "python_version": facts["version"],
+        "ld_library_path": [str(runtime.bundled_libs), facts["libdir"]],
+        "perf_analyzer_ld_library_path": [str(runtime.lib)],
+    }
+    runtime.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    return runtime
+
+
+def perf_analyzer_env(root: Path, base: dict | None = None) -> dict:
+    """The environment in which perf_analyzer finds its libraries."""
+    manifest = TritonRuntime(Path(root)).read_manifest()
+    env = dict(os.environ if base is None else base)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        manifest["perf_analyzer_ld_library_path"] + [p for p in [env.get("LD_LIBRARY_PATH")] if p]
+    )
+    return env
+
+
+# --------------------------------------------------------------------------- run
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (our own exited child not yet reaped) is not alive.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _http_json(url: str, method: str = "GET", body: bytes | None = None, timeout: float = 5):
+    request = urllib.request.Request(url, data=body, method=method)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        data = response.read()
+        return response.status, (json.loads(data) if data else None)
+
+
+@dataclass
+class TritonProcess:
+    """One tritonserver run in the background, tracked by a pid file."""
+
+    runtime_root: Path
+    model_repository: Path
+    state_dir: Path  # pid file and log file live here
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    host: str = "127.0.0.1"  # what clients connect to (the server listens on all interfaces)
+    exit_timeout_s: int = 10
+
+    @property
+    def pid_file(self) -> Path:
+        return Path(self.state_dir) / "tritonserver.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.state_dir) / "tritonserver.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def command(self) -> list[str]:
+        manifest = TritonRuntime(Path(self.runtime_root)).read_manifest()
+        return [
+            manifest["tritonserver"],
+            f"--model-repository={Path(self.model_repository).resolve()}",
+            f"--backend-directory={manifest['backends']}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            "--strict-readiness=true",
+        ]
+
+    def environment(self) -> dict:
+        manifest = TritonRuntime(Path(self.runtime_root)).read_manifest()
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(manifest["ld_library_path"])
+        # The stub's embedded Python ignores PYTHONPATH; it takes its sys.prefix
+        # from the first `python3` on PATH. With the serving venv first there,
+        # the venv's pyvenv.cfg puts its site-packages on sys.path.
+        serving_bin = str(Path(manifest["serving_python"]).parent)
+        env["PATH"] = os.pathsep.join([serving_bin, env.get("PATH", "")])
+        env["VIRTUAL_ENV"] = str(Path(serving_bin).parent)
+        env.pop("PYTHONHOME", None)
+        return env
+
+    # -- lifecycle
+
+    def pid(self) -> int | None:
+        """The pid of our running server, or None (a stale pid file is removed)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if _pid_alive(pid):
+            return pid
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def start(self, expected_models: list[str] | None = None, timeout_s: float = 300) -> dict[str, str]:
+        """Start the server and wait until it and every expected model are READY.
+
+        Returns {model: state}. Already running: only waits. Raises TritonError
+        with the log's last lines if the server exits or is not ready in time.
+        """
+        if self.pid() is None:
+            busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(p)]
+            if busy:
+                raise TritonError(
+                    f"port(s) {busy} already in use on this host: stop what listens there "
+                    f"(`ss -ltnp | grep {busy[0]}`) or choose other ports"
+                )
+            Path(self.state_dir).mkdir(parents=True, exist_ok=True)
+            with open(self.log_file, "ab") as log:
+                log.write(f"\n==== tritonserver start {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
+                log.flush()
+                process = subprocess.Popen(
+                    self.command(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.environment(),
+                    start_new_session=True,  # its own process group: stop() signals the stubs too
+                )
+            temporary = self.pid_file.with_suffix(".tmp")
+            temporary.write_text(f"{process.pid}\n")
+            temporary.rename(self.pid_file)
+        return self.wait_ready(expected_models, timeout_s)
+
+    def wait_ready(self, expected_models: list[str] | None = None, timeout_s: float = 300) -> dict[str, str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.pid() is None:
+                raise TritonError(f"tritonserver exited during start-up.\n{self.log_tail()}")
+            states = self.model_states()
+            if states is not None and self.is_ready():
+                missing = [m for m in (expected_models or []) if states.get(m) != "READY"]
+                if not missing:
+                    return states
+            if time.monotonic() > deadline:
+                raise TritonError(
+                    f"tritonserver not ready after {timeout_s:.0f} s; model states: {states}\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    def is_ready(self) -> bool:
+        try:
+            status, _ = _http_json(f"{self.url}/v2/health/ready", timeout=2)
+            return status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def model_states(self) -> dict[str, str] | None:
+        """{model: READY|UNAVAILABLE|LOADING...} from the repository index, None if unreachable."""
+        try:
+            _, index = _http_json(f"{self.url}/v2/repository/index", method="POST", body=b"{}", timeout=5)
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return {entry["name"]: entry.get("state", "UNKNOWN") for entry in index or []}
+
+    def stop(self) -> bool:
+        """Stop the server (SIGTERM, then SIGKILL after the exit timeout). True if it was running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + self.exit_timeout_s + 15
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _pid_alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            while _pid_alive(pid):
+                time.sleep(0.1)
+        # Python-backend stubs are in the same process group; make sure none lingers.
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return f"(no log at {self.log_file})"
+        return f"last {min(lines, len(text))} lines of {self.log_file}:\n" + "\n".join(text[-lines:])
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> None:
+    from provision import config, local_serving
+
+    settings = config.defaults()
+    ports = settings["ports"]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runtime-dir", type=Path, default=config.runtime_dir(settings))
+    parser.add_argument("--model-repository", type=Path, help="rendered repository (default RUNTIME_DIR/models)")
+    parser.add_argument("--http-port", type=int, default=ports["triton_http"])
+    parser.add_argument("--grpc-port", type=int, default=ports["triton_grpc"])
+    parser.add_argument("--metrics-port", type=int, default=ports["triton_metrics"])
+    commands = parser.add_subparsers(dest="command", required=True)
+    install_parser = commands.add_parser("install", help="lay out tritonserver for the serving Python")
+    install_parser.add_argument("--serving-python", default=sys.executable)
+    install_parser.add_argument("--wheel", default=settings["triton_wheel"])
+    start_parser = commands.add_parser("start", help="start and wait until every model is READY")
+    start_parser.add_argument("--timeout", type=float, default=settings["triton_ready_timeout_s"])
+    start_parser.add_argument("--model", action="append", dest="models", help="a model that must be READY")
+    commands.add_parser("stop", help="stop the server")
+    commands.add_parser("status", help="pid, readiness and model states")
+    args = parser.parse_args(argv)
+    settings["runtime_dir"] = str(args.runtime_dir)
+
+    def process() -> TritonProcess:
+        return local_serving.local_triton(
+            settings,
+            model_repository=args.model_repository,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+        )
+
+    try:
+        if args.command == "install":
+            runtime = install(args.runtime_dir / "triton", args.serving_python, args.wheel)
+            print(f"tritonserver 2.51 ready to run: {runtime.tritonserver}")
+        elif args.command == "start":
+            server = process()
+            states = server.start(args.models, args.timeout)
+            print(f"tritonserver pid {server.pid()} at {server.url}, log {server.log_file}")
+            for model, state in sorted(states.items()):
+                print(f"  {model}: {state}")
+        elif args.command == "stop":
+            print("stopped" if process().stop() else "not running")
+        elif args.command == "status":
+            server = process()
+            print(f"pid: {server.pid() or 'not running'}; ready: {server.is_ready()}")
+            for model, state in sorted((server.model_states() or {}).items()):
+                print(f"  {model}: {state}")
+    except TritonError as error:
+        sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    main()

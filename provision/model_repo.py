@@ -1,0 +1,123 @@
+"""Render model_repository/ into the repository one host serves.
+
+The source tree keeps one copy of everything: the classifier variants link to
+food_classifier/1/*.py, and every config is a jinja2 template
+(config.pbtxt.j2) whose host-dependent parts (GPU instance groups, weight
+paths) are filled in here. The rendered tree has plain files only, so it can
+be copied anywhere (a container volume, a remote host).
+
+    python -m provision.model_repo render DEST --gpus 0 --food11-weights W --blip-source B
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jinja2
+
+from provision.config import MODEL_REPOSITORY, defaults
+
+TEMPLATE_SUFFIX = ".j2"
+SMOKE_MARKER = "SMOKE_WEIGHTS"  # the same name as food11.SMOKE_MARKER
+
+
+@dataclass(frozen=True)
+class RenderValues:
+    """Everything a model config depends on."""
+
+    gpu_count: int
+    food11_weights_path: str
+    blip_source: str
+    instances_per_gpu: int = 1
+    torch_threads: int = 0
+    max_encoded_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 40_000_000
+
+    @property
+    def smoke_weights(self) -> bool:
+        return is_smoke(self.food11_weights_path) or is_smoke(self.blip_source)
+
+    def context(self) -> dict:
+        return {**asdict(self), "smoke_weights": self.smoke_weights}
+
+    @classmethod
+    def from_settings(cls, gpu_count: int, food11_weights_path: str, blip_source: str, settings: dict | None = None):
+        models = (settings or defaults())["models"]
+        return cls(
+            gpu_count=gpu_count,
+            food11_weights_path=str(food11_weights_path),
+            blip_source=str(blip_source),
+            instances_per_gpu=int(models["instances_per_gpu"]),
+            torch_threads=int(models["torch_threads"]),
+            max_encoded_bytes=int(models["max_encoded_bytes"]),
+            max_pixels=int(models["max_pixels"]),
+        )
+
+
+def is_smoke(path: str) -> bool:
+    """Whether a weights file or folder carries the smoke-weights marker."""
+    if not path or not os.path.exists(path):
+        return False
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    return os.path.exists(os.path.join(folder, SMOKE_MARKER))
+
+
+def model_names(source: Path = MODEL_REPOSITORY) -> list[str]:
+    """The models of the source repository: folders with a config template."""
+    return sorted(
+        entry.name
+        for entry in source.iterdir()
+        if entry.is_dir() and not entry.name.startswith("_") and (entry / f"config.pbtxt{TEMPLATE_SUFFIX}").exists()
+    )
+
+
+def render_config(model: str, values: RenderValues, source: Path = MODEL_REPOSITORY) -> str:
+    """The config.pbtxt of one model for these values."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(source)),
+        undefined=jinja2.StrictUndefined,  # a missing value is an error, not an empty string
+        keep_trailing_newline=True,
+    )
+    return environment.get_template(f"{model}/config.pbtxt{TEMPLATE_SUFFIX}").render(values.context())
+
+
+def render(destination: Path, values: RenderValues, source: Path = MODEL_REPOSITORY) -> list[str]:
+    """Write the servable repository to `destination` (replaced whole); return the model names."""
+    destination = Path(destination)
+    staging = destination.with_name(destination.name + ".rendering")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    names = model_names(source)
+    for model in names:
+        shutil.copytree(
+            source / model,
+            staging / model,
+            symlinks=False,  # the variants' links to food_classifier/1 become files
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", f"*{TEMPLATE_SUFFIX}"),
+        )
+        (staging / model / "config.pbtxt").write_text(render_config(model, values, source), encoding="utf-8")
+    shutil.rmtree(destination, ignore_errors=True)
+    staging.rename(destination)
+    return names
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    render_parser = commands.add_parser("render", help="render the repository into DEST")
+    render_parser.add_argument("destination", type=Path)
+    render_parser.add_argument("--gpus", type=int, required=True, help="GPU count of the serving host")
+    render_parser.add_argument("--food11-weights", required=True, help="path of food11.pth on the serving host")
+    render_parser.add_argument("--blip-source", required=True, help="BLIP hub id or folder on the serving host")
+    args = parser.parse_args(argv)
+    values = RenderValues.from_settings(args.gpus, args.food11_weights, args.blip_source)
+    for name in render(args.destination, values):
+        print(f"rendered {args.destination / name / 'config.pbtxt'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Small helpers the tests share: requests to Triton with tritonclient."""
+
+from __future__ import annotations
+
+import numpy as np
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+
+def image_input(items: list[bytes], name: str = "INPUT_IMAGE") -> triton_http.InferInput:
+    array = np.array(items, dtype=np.object_).reshape(-1, 1)
+    tensor = triton_http.InferInput(name, list(array.shape), "BYTES")
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def classify(client, model: str, items: list[bytes]) -> list[tuple[str, float]]:
+    """[(label, probability)] for the items of one request."""
+    result = client.infer(model, [image_input(items)])
+    labels = result.as_numpy("FOOD_LABEL").reshape(-1)
+    probabilities = result.as_numpy("PROBABILITY").reshape(-1)
+    return [(label.decode(), float(p)) for label, p in zip(labels, probabilities)]
+
+
+def classify_error(client, model: str, items: list[bytes]) -> InferenceServerException:
+    """The error of a request that must fail."""
+    try:
+        client.infer(model, [image_input(items)])
+    except InferenceServerException as error:
+        return error
+    raise AssertionError(f"{model} accepted an input it should reject")
+
+
+def model_counts(client, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of a model: batching makes the first larger."""
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])

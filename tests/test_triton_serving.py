@@ -1,0 +1,188 @@
+"""The whole model repository on a real tritonserver 2.51, over HTTP with tritonclient.
+
+Smoke weights: the answers are meaningless, but the served answers must equal
+the same weights run in-process, alone or batched, and bad input must fail
+its own request only.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+
+import pytest
+import tritonclient.http as triton_http
+from food11 import FOOD11_LABELS, Food11Classifier
+from helpers import classify, classify_error, image_input, model_counts
+from PIL import Image
+from serving_common import decode_image
+
+from provision import config, sample_images
+from provision.model_repo import model_names
+
+CLASSIFIERS = ["food_classifier", "gpu_food_classifier", "batching_food_classifier", "multigpu_food_classifier"]
+BATCHING = "batching_food_classifier"
+
+
+def _b64(image: Image.Image, format: str = "JPEG") -> bytes:
+    return base64.b64encode(sample_images.encode(image, format))
+
+
+# A few images of every kind a client may send.
+IMAGES = {
+    "small-jpeg": sample_images.b64(sample_images.jpeg(seed=1)),
+    "other-jpeg": sample_images.b64(sample_images.jpeg(seed=2)),
+    "grayscale-jpeg": _b64(sample_images.picture(seed=3).convert("L")),
+    "rgba-png": _b64(sample_images.picture(seed=4).convert("RGBA"), "PNG"),
+    "cmyk-jpeg": _b64(sample_images.picture(seed=5).convert("CMYK")),
+    "phone-jpeg": sample_images.b64(sample_images.jpeg(sample_images.PHONE, seed=6)),
+}
+
+_good = sample_images.jpeg(seed=7)
+BAD_INPUTS = {
+    "invalid-base64": (b"%%% not base64 %%%", "not valid base64"),
+    "not-an-image": (base64.b64encode(b"GIF? no, plain text"), "not an image"),
+    "truncated-jpeg": (base64.b64encode(_good[: len(_good) // 3]), "truncated"),
+    "empty-string": (b"", "empty"),
+    "oversized-image": (_b64(Image.new("RGB", (5000, 4000)), "PNG"), "over the limit"),
+}
+
+
+@pytest.fixture(scope="module")
+def client(triton_server):
+    with triton_http.InferenceServerClient(f"{triton_server.host}:{triton_server.http_port}", concurrency=16) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(render_values):
+    """The same weights, decoding and preprocessing, run in this process."""
+    classifier = Food11Classifier(render_values.food11_weights_path)
+    return {name: classifier.classify([decode_image(data)])[0] for name, data in IMAGES.items()}
+
+
+def assert_same_answer(served, expected, context=""):
+    assert served[0] == expected[0], f"{context}: label {served[0]} != in-process {expected[0]}"
+    assert served[1] == pytest.approx(expected[1], abs=1e-4), f"{context}: probability differs"
+
+
+def test_every_model_is_ready(triton_server, client):
+    assert client.is_server_ready()
+    assert sorted(triton_server.model_states()) == model_names()
+    for model in model_names():
+        assert client.is_model_ready(model), model
+
+
+def test_gpu_variants_say_they_run_on_cpu_on_this_host(client):
+    config = client.get_model_config("gpu_food_classifier")
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert "NO GPU ON THIS HOST" in config["parameters"]["cpu_fallback"]["string_value"]
+
+
+@pytest.mark.parametrize("model", CLASSIFIERS)
+def test_each_variant_answers_like_the_same_weights_in_process(client, reference, model):
+    for name, data in IMAGES.items():
+        (served,) = classify(client, model, [data])
+        assert served[0] in FOOD11_LABELS and 0 < served[1] <= 1
+        assert_same_answer(served, reference[name], f"{model} on {name}")
+
+
+def test_a_request_may_carry_several_images(client, reference):
+    names = list(IMAGES)
+    answers = classify(client, BATCHING, [IMAGES[name] for name in names])
+    assert len(answers) == len(names)
+    for name, served in zip(names, answers):
+        assert_same_answer(served, reference[name], f"item {name} of a multi-image request")
+
+
+def test_dynamically_batched_requests_get_the_answers_they_get_alone(client, reference):
+    # A phone-sized image first keeps the instance busy while the 20 small ones queue.
+    names = ["phone-jpeg"] + list(IMAGES)[:-1] * 4
+    before = model_counts(client, BATCHING)
+    pending = [(name, client.async_infer(BATCHING, [image_input([IMAGES[name]])])) for name in names]
+    for name, request in pending:
+        result = request.get_result()
+        served = (result.as_numpy("FOOD_LABEL")[0, 0].decode(), float(result.as_numpy("PROBABILITY")[0, 0]))
+        assert_same_answer(served, reference[name], f"batched {name}")
+    inferences, executions = (after - prior for after, prior in zip(model_counts(client, BATCHING), before))
+    assert inferences == len(names)
+    assert executions < inferences, "Triton never batched the concurrent requests"
+
+
+def test_the_ensemble_captions_an_image_conditioned_on_its_label(client, reference):
+    result = client.infer(
+        "ensemble",
+        [image_input([IMAGES["small-jpeg"]])],
+        outputs=[triton_http.InferRequestedOutput(name) for name in ("OUTPUT", "FOOD_LABEL")],
+    )
+    caption = result.as_numpy("OUTPUT")[0, 0].decode()
+    label = result.as_numpy("FOOD_LABEL")[0, 0].decode()
+    assert label == reference["small-jpeg"][0]
+    assert caption.strip(), "empty caption"
+    assert caption.startswith(f"a photo of {label.lower()}"), caption
+
+
+@pytest.mark.parametrize("bad", list(BAD_INPUTS))
+@pytest.mark.parametrize("model", ["food_classifier", BATCHING, "ensemble"])
+def test_bad_input_fails_its_own_request_with_a_clear_message(client, model, bad):
+    payload, message = BAD_INPUTS[bad]
+    error = classify_error(client, model, [payload])
+    assert error.status() == "400", f"{bad}: HTTP {error.status()} {error.message()}"
+    assert message in error.message() and "INPUT_IMAGE" in error.message()
+    assert client.is_server_ready()
+    assert classify(client, "food_classifier", [IMAGES["small-jpeg"]])  # the stub is still healthy
+
+
+def test_bad_requests_batched_with_good_ones_leave_the_good_ones_alone(client, reference):
+    # The phone-sized image goes first: while the instance decodes it, the
+    # others queue up and Triton batches good and bad requests together.
+    good = [("good", "phone-jpeg")] + [("good", name) for name in list(IMAGES)[:4]] * 2
+    bad = [("bad", name) for name in BAD_INPUTS]
+    mix = good[:1] + [item for pair in zip(good[1:], bad + bad[:3]) for item in pair]
+    before = model_counts(client, BATCHING)
+    pending = []
+    for kind, name in mix:
+        payload = IMAGES[name] if kind == "good" else BAD_INPUTS[name][0]
+        pending.append((kind, name, client.async_infer(BATCHING, [image_input([payload])])))
+    for kind, name, request in pending:
+        if kind == "good":
+            result = request.get_result()
+            served = (result.as_numpy("FOOD_LABEL")[0, 0].decode(), float(result.as_numpy("PROBABILITY")[0, 0]))
+            assert_same_answer(served, reference[name], f"good {name} batched with bad inputs")
+        else:
+            with pytest.raises(Exception, match=BAD_INPUTS[name][1]):
+                request.get_result()
+    inferences, executions = (after - prior for after, prior in zip(model_counts(client, BATCHING), before))
+    assert inferences == len(mix)
+    assert executions < len(mix), "no dynamic batch formed: the test proved nothing"
+    assert client.is_server_ready()
+
+
+def test_one_bad_item_fails_a_multi_image_request_and_says_which_problem(client):
+    error = classify_error(client, BATCHING, [IMAGES["small-jpeg"], BAD_INPUTS["truncated-jpeg"][0]])
+    assert error.status() == "400" and "truncated" in error.message()
+
+
+def test_the_classify_script_prints_a_label_per_file(triton_server, reference, tmp_path):
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(base64.b64decode(IMAGES["rgba-png"]))
+    script = config.PROJECT_ROOT / "client_scripts" / "classify.py"
+    url = f"{triton_server.host}:{triton_server.http_port}"
+    done = subprocess.run(
+        [sys.executable, str(script), str(photo), "--url", url, "--model", "food_classifier"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    label, probability = reference["rgba-png"]
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{photo}: {label} ({probability:.3f})"
+
+
+def test_the_server_restarts_after_stop(triton_server, client):
+    assert triton_server.stop()
+    assert triton_server.pid() is None and not triton_server.is_ready()
+    assert not triton_server.stop(), "a second stop finds nothing to stop"
+    triton_server.start(model_names(), timeout_s=300)
+    assert classify(client, "food_classifier", [IMAGES["small-jpeg"]])
