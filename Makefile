@@ -21,11 +21,11 @@ test: setup
 setup: venv runtime weights
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml model_repository/requirements.txt $(CONSTRAINTS)
+$(VENV)/.installed: pyproject.toml model_repository/requirements.txt client_scripts/requirements.txt $(CONSTRAINTS)
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.10+ needed, found " + sys.version) if sys.version_info < (3, 10) else None'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -r model_repository/requirements.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -r model_repository/requirements.txt -r client_scripts/requirements.txt -e '.[dev]'
 	touch $@
 
 runtime: $(RUNTIME)/triton/triton-runtime.json
