@@ -16,12 +16,9 @@ here, so the same file can run on any host that has the serving Python.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,8 +27,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.background import BackgroundProcess, port_is_free
+
 DEFAULT_WHEEL = "nvidia-pytriton==0.7.0"
-LOG_TAIL_LINES = 40
 
 
 class TritonError(RuntimeError):
@@ -173,33 +171,6 @@ def perf_analyzer_env(root: Path, base: dict | None = None) -> dict:
 # --------------------------------------------------------------------------- run
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                return False
-            raise
-    return True
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own exited child not yet reaped) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def _http_json(url: str, method: str = "GET", body: bytes | None = None, timeout: float = 5):
     request = urllib.request.Request(url, data=body, method=method)
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -209,24 +180,28 @@ def _http_json(url: str, method: str = "GET", body: bytes | None = None, timeout
 
 @dataclass
 class TritonProcess:
-    """One tritonserver run in the background, tracked by a pid file."""
+    """One tritonserver run in the background (pid file and log file in state_dir)."""
 
     runtime_root: Path
     model_repository: Path
-    state_dir: Path  # pid file and log file live here
+    state_dir: Path
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
-    host: str = "127.0.0.1"  # what clients connect to (the server listens on all interfaces)
+    host: str = "127.0.0.1"  # what clients connect to
     exit_timeout_s: int = 10
+
+    def __post_init__(self):
+        # The stubs may need the whole exit timeout to finish in-flight requests.
+        self.process = BackgroundProcess("tritonserver", Path(self.state_dir), stop_timeout_s=self.exit_timeout_s + 15)
 
     @property
     def pid_file(self) -> Path:
-        return Path(self.state_dir) / "tritonserver.pid"
+        return self.process.pid_file
 
     @property
     def log_file(self) -> Path:
-        return Path(self.state_dir) / "tritonserver.log"
+        return self.process.log_file
 
     @property
     def url(self) -> str:
@@ -238,8 +213,11 @@ class TritonProcess:
             manifest["tritonserver"],
             f"--model-repository={Path(self.model_repository).resolve()}",
             f"--backend-directory={manifest['backends']}",
+            f"--http-address={self.host}",
             f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
             f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             "--strict-readiness=true",
@@ -256,20 +234,13 @@ class TritonProcess:
         env["PATH"] = os.pathsep.join([serving_bin, env.get("PATH", "")])
         env["VIRTUAL_ENV"] = str(Path(serving_bin).parent)
         env.pop("PYTHONHOME", None)
+        env.pop("PYTHONPATH", None)
         return env
 
     # -- lifecycle
 
     def pid(self) -> int | None:
-        """The pid of our running server, or None (a stale pid file is removed)."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        if _pid_alive(pid):
-            return pid
-        self.pid_file.unlink(missing_ok=True)
-        return None
+        return self.process.pid()
 
     def start(self, expected_models: list[str] | None = None, timeout_s: float = 300) -> dict[str, str]:
         """Start the server and wait until it and every expected model are READY.
@@ -278,27 +249,13 @@ class TritonProcess:
         with the log's last lines if the server exits or is not ready in time.
         """
         if self.pid() is None:
-            busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(p)]
+            busy = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if not port_is_free(p, self.host)]
             if busy:
                 raise TritonError(
                     f"port(s) {busy} already in use on this host: stop what listens there "
-                    f"(`ss -ltnp | grep {busy[0]}`) or choose other ports"
+                    f"(`ss -ltnp | grep :{busy[0]}`) or choose other ports"
                 )
-            Path(self.state_dir).mkdir(parents=True, exist_ok=True)
-            with open(self.log_file, "ab") as log:
-                log.write(f"\n==== tritonserver start {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
-                log.flush()
-                process = subprocess.Popen(
-                    self.command(),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=self.environment(),
-                    start_new_session=True,  # its own process group: stop() signals the stubs too
-                )
-            temporary = self.pid_file.with_suffix(".tmp")
-            temporary.write_text(f"{process.pid}\n")
-            temporary.rename(self.pid_file)
+            self.process.launch(self.command(), self.environment())
         return self.wait_ready(expected_models, timeout_s)
 
     def wait_ready(self, expected_models: list[str] | None = None, timeout_s: float = 300) -> dict[str, str]:
@@ -333,38 +290,11 @@ class TritonProcess:
         return {entry["name"]: entry.get("state", "UNKNOWN") for entry in index or []}
 
     def stop(self) -> bool:
-        """Stop the server (SIGTERM, then SIGKILL after the exit timeout). True if it was running."""
-        pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + self.exit_timeout_s + 15
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _pid_alive(pid):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            while _pid_alive(pid):
-                time.sleep(0.1)
-        # Python-backend stubs are in the same process group; make sure none lingers.
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        """Stop the server and its stubs. True if it was running."""
+        return self.process.stop()
 
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_file.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return f"(no log at {self.log_file})"
-        return f"last {min(lines, len(text))} lines of {self.log_file}:\n" + "\n".join(text[-lines:])
+    def log_tail(self, lines: int = 40) -> str:
+        return self.process.log_tail(lines)
 
 
 # --------------------------------------------------------------------------- command line
