@@ -12,6 +12,7 @@ be copied anywhere (a container volume, a remote host).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 from dataclasses import asdict, dataclass
@@ -36,18 +37,32 @@ class RenderValues:
     torch_threads: int = 0
     max_encoded_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
+    # None: detect from the weights' SMOKE_WEIGHTS markers. Set it when the
+    # paths are those of another host, where this machine cannot look.
+    smoke: bool | None = None
 
     @property
     def smoke_weights(self) -> bool:
+        if self.smoke is not None:
+            return self.smoke
         return is_smoke(self.food11_weights_path) or is_smoke(self.blip_source)
 
     def context(self) -> dict:
         return {**asdict(self), "smoke_weights": self.smoke_weights}
 
     @classmethod
-    def from_settings(cls, gpu_count: int, food11_weights_path: str, blip_source: str, settings: dict | None = None):
+    def from_settings(
+        cls,
+        gpu_count: int,
+        food11_weights_path: str,
+        blip_source: str,
+        settings: dict | None = None,
+        smoke: bool | None = None,
+    ):
+        """Values from the `lab` settings (fabric.yaml and its overrides)."""
         models = (settings or defaults())["models"]
         return cls(
+            smoke=smoke,
             gpu_count=gpu_count,
             food11_weights_path=str(food11_weights_path),
             blip_source=str(blip_source),
@@ -113,8 +128,15 @@ def main(argv: list[str] | None = None) -> None:
     render_parser.add_argument("--gpus", type=int, required=True, help="GPU count of the serving host")
     render_parser.add_argument("--food11-weights", required=True, help="path of food11.pth on the serving host")
     render_parser.add_argument("--blip-source", required=True, help="BLIP hub id or folder on the serving host")
+    render_parser.add_argument("--settings-json", help="the `lab.models` settings as JSON (default: fabric.yaml's)")
+    smoke = render_parser.add_mutually_exclusive_group()
+    smoke.add_argument("--smoke-weights", dest="smoke", action="store_const", const=True, help="label as smoke weights")
+    smoke.add_argument("--real-weights", dest="smoke", action="store_const", const=False, help="label as real weights")
     args = parser.parse_args(argv)
-    values = RenderValues.from_settings(args.gpus, args.food11_weights, args.blip_source)
+    settings = defaults()
+    if args.settings_json:
+        settings["models"].update(json.loads(args.settings_json))
+    values = RenderValues.from_settings(args.gpus, args.food11_weights, args.blip_source, settings, smoke=args.smoke)
     for name in render(args.destination, values):
         print(f"rendered {args.destination / name / 'config.pbtxt'}")
 
