@@ -16,6 +16,7 @@ here, so the same file can run on any host that has the serving Python.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import shutil
@@ -111,6 +112,8 @@ def _link_plain_name(lib_dir: Path, bundled: Path, pattern: str, plain_name: str
     if not matches:
         raise TritonError(f"{pattern} not found in {bundled}: is the {DEFAULT_WHEEL} wheel complete?")
     link = lib_dir / plain_name
+    if link.is_symlink() and Path(os.readlink(link)) == matches[0]:
+        return
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(matches[0])
@@ -138,7 +141,10 @@ def install(root: Path, serving_python: str = sys.executable, wheel: str = DEFAU
     if not stub.exists():
         available = sorted(p.name for p in (runtime.server_dir / "python_backend_stubs").iterdir())
         raise TritonError(f"no Python backend stub for Python {facts['version']} (available: {available})")
-    shutil.copy2(stub, runtime.backends / "python" / "triton_python_backend_stub")
+    installed_stub = runtime.backends / "python" / "triton_python_backend_stub"
+    # Only when it differs: a running server holds the stub ("text file busy").
+    if not installed_stub.exists() or not filecmp.cmp(stub, installed_stub, shallow=False):
+        shutil.copy2(stub, installed_stub)
 
     # perf_analyzer (tritonclient wheel) needs these two under their plain names.
     runtime.lib.mkdir(parents=True, exist_ok=True)
@@ -154,7 +160,9 @@ def install(root: Path, serving_python: str = sys.executable, wheel: str = DEFAU
         "ld_library_path": [str(runtime.bundled_libs), facts["libdir"]],
         "perf_analyzer_ld_library_path": [str(runtime.lib)],
     }
-    runtime.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    text = json.dumps(manifest, indent=2) + "\n"
+    if not runtime.manifest.exists() or runtime.manifest.read_text() != text:
+        runtime.manifest.write_text(text)
     return runtime
 
 

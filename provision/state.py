@@ -46,6 +46,7 @@ class Host:
     user: str = ""
     key: str | None = None  # path of the private key (never its contents)
     connection: str = "ssh"  # "ssh" or "local" (Ansible's ansible_connection)
+    python: str | None = None  # the host's Python for Ansible; None: Ansible discovers it
 
 
 @dataclass

@@ -1,0 +1,3 @@
+"""`fab` looks for fabfile.py; the tasks live in tasks.py (`fab --list` shows them)."""
+
+from tasks import bench, deploy, logs, provision, status, teardown  # noqa: F401

@@ -1,0 +1,139 @@
+"""Run a playbook of playbooks/ through ansible-runner, with one progress line per task.
+
+On failure the error names the failing task and host, Ansible's message, and
+the full log of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provision.config import PROJECT_ROOT
+from provision.inventory import inventory_file
+from provision.state import state_file
+
+PLAYBOOKS = PROJECT_ROOT / "playbooks"
+
+# Tasks whose `msg` the caller wants back (set by the playbooks with ansible.builtin.debug).
+REPORT_TASK_PREFIX = "Report "
+
+
+class PlaybookError(RuntimeError):
+    """A playbook failed; str() says where and why."""
+
+
+@dataclass
+class PlaybookResult:
+    playbook: str
+    changed: dict[str, int] = field(default_factory=dict)  # host -> changed task count
+    ok: dict[str, int] = field(default_factory=dict)
+    reports: dict[str, dict] = field(default_factory=dict)  # host -> {report task: msg}
+    log: Path | None = None
+
+    @property
+    def total_changed(self) -> int:
+        return sum(self.changed.values())
+
+
+def _failure_text(result: dict) -> str:
+    """The most useful part of a failed task's result."""
+    text = result.get("msg") or ""
+    stdout = (result.get("stdout") or "").strip()
+    if stdout.startswith("{"):
+        try:  # provision.process_runtime prints {"failed": true, "msg": ...}
+            text = json.loads(stdout.splitlines()[-1]).get("msg") or text
+        except (ValueError, AttributeError):
+            pass
+    stderr = (result.get("stderr") or "").strip()
+    if stderr and stderr not in text:
+        text = f"{text}\n{stderr[-2000:]}" if text else stderr[-2000:]
+    if not text and result.get("results"):
+        text = "; ".join(_failure_text(item) for item in result["results"] if item.get("failed"))
+    return text or json.dumps(result)[:2000]
+
+
+class _Progress:
+    """ansible-runner event handler: prints a line per finished task and host."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+        self.failures: list[str] = []
+        self.reports: dict[str, dict] = {}
+
+    def __call__(self, event: dict) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        host = data.get("host", "")
+        task = data.get("task", "")
+        result = data.get("res", {}) if isinstance(data.get("res"), dict) else {}
+        if kind in ("runner_item_on_ok", "runner_item_on_failed"):
+            label = result.get("_ansible_item_label", result.get("item", ""))
+            status = "failed" if kind.endswith("failed") else ("changed" if result.get("changed") else "ok")
+            self.say(f"  {status:<9}{host:<14}{task} ({label})")
+        elif kind == "runner_on_ok":
+            if task.startswith(REPORT_TASK_PREFIX):
+                self.reports.setdefault(host, {})[task[len(REPORT_TASK_PREFIX) :]] = result.get("msg")
+            elif "results" not in result:  # loops were shown item by item
+                self.say(f"  {'changed' if result.get('changed') else 'ok':<9}{host:<14}{task}")
+        elif kind == "runner_on_skipped":
+            self.say(f"  {'skipped':<9}{host:<14}{task}")
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            self.say(f"  {'FAILED':<9}{host:<14}{task}")
+            self.failures.append(f"task '{task}' failed on {host}:\n{_failure_text(result)}")
+        elif kind == "runner_on_unreachable":
+            self.say(f"  {'UNREACHABLE':<9}{host:<14}{task}")
+            self.failures.append(
+                f"{host} is unreachable: {result.get('msg', '').strip()}\n"
+                "check that the host is up and reachable over SSH (fab status), then run the command again"
+            )
+        return True  # keep the event in the artifacts too
+
+
+def run_playbook(
+    playbook: str,
+    extravars: dict,
+    say: Callable[[str], None] = print,
+    check: bool = False,
+) -> PlaybookResult:
+    """Run playbooks/<playbook> on the provisioned inventory; raise PlaybookError on failure."""
+    import ansible_runner
+
+    private = state_file().parent / "ansible"
+    private.mkdir(parents=True, exist_ok=True)
+    progress = _Progress(say)
+    venv_bin = str(Path(sys.executable).parent)  # ansible-playbook lives beside our Python
+    runner = ansible_runner.run(
+        private_data_dir=str(private),
+        playbook=str(PLAYBOOKS / playbook),
+        inventory=str(inventory_file()),
+        extravars=extravars,
+        cmdline="--check" if check else None,
+        envvars={
+            "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")]),
+            "ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"),
+            "ANSIBLE_PIPELINING": "True",
+            "ANSIBLE_RETRY_FILES_ENABLED": "False",
+            "ANSIBLE_NOCOLOR": "True",
+            "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        },
+        event_handler=progress,
+        quiet=True,
+        rotate_artifacts=20,  # keep the logs of the last 20 runs
+    )
+    log = Path(runner.config.artifact_dir) / "stdout"
+    if runner.status != "successful" or progress.failures:
+        details = "\n\n".join(progress.failures) or f"ansible-runner status: {runner.status}"
+        raise PlaybookError(f"{playbook} failed.\n{details}\n\nfull log: {log}")
+    stats = runner.stats or {}
+    return PlaybookResult(
+        playbook=playbook,
+        changed=dict(stats.get("changed", {})),
+        ok=dict(stats.get("ok", {})),
+        reports=progress.reports,
+        log=log,
+    )

@@ -1,0 +1,110 @@
+"""fab bench: perf_analyzer on every host against each model, results to results/<run-id>/.
+
+The controller builds the perf_analyzer command lines and the input file (a
+real JPEG, generated), playbooks/bench.yml runs them on the hosts and brings
+back the CSVs, logs, deployed configs and host facts, and provision.report
+writes summary.json, report.md and the plots.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provision import config, sample_images
+from provision import state as state_module
+from provision.ansible import run_playbook
+from provision.model_repo import model_names
+from provision.perf import PerfRun, write_input_json
+from provision.report import write_report
+
+RESULTS_ROOT = config.PROJECT_ROOT / "results"
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def perf_runs(models: list[str], url: str, profile: dict) -> list[PerfRun]:
+    """One perf_analyzer run per model; paths are relative to the host's benchmark folder."""
+    return [
+        PerfRun(
+            model=model,
+            url=url,
+            input_json=Path("input.json"),
+            csv_path=Path(f"{model}.csv"),
+            concurrency_range=str(profile["concurrency_range"]),
+            measurement_interval_ms=int(profile["measurement_interval_ms"]),
+            stability_percentage=int(profile["stability_percentage"]),
+            max_trials=int(profile["max_trials"]),
+        )
+        for model in models
+    ]
+
+
+def _git_commit() -> dict:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=config.PROJECT_ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def bench(
+    settings: dict,
+    state: state_module.State,
+    models: list[str] | None = None,
+    quick: bool = False,
+    say: Callable[[str], None] = print,
+) -> Path:
+    """Run the benchmark; return the results folder."""
+    if state.deploy.get("status") != "deployed":
+        raise BenchError(
+            "nothing is deployed: run `fab deploy` first"
+            + (" (the last deploy did not finish)" if state.deploy.get("status") else "")
+        )
+    models = list(models or settings["bench"]["models"])
+    profile_name = "quick" if quick else "full"
+    profile = dict(settings["bench"][profile_name])
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{state.target}"
+    results = RESULTS_ROOT / run_id
+    (results / "hosts").mkdir(parents=True, exist_ok=True)
+
+    image = results / "input.jpg"
+    image.write_bytes(sample_images.jpeg())
+    input_json = write_input_json(results / "input.json", [sample_images.b64(image.read_bytes())])
+
+    bind = state.deploy["bind_address"]
+    ports = state.deploy["ports"]
+    runs = perf_runs(models, f"{bind}:{ports['triton_http']}", profile)
+    say(f"benchmarking {len(models)} model(s) at concurrency {profile['concurrency_range']} ({profile_name} profile)")
+    run_playbook(
+        "bench.yml",
+        {
+            "lab_run_id": run_id,
+            "lab_hosts": state.deploy["hosts"],
+            "lab_bind_address": bind,
+            "lab_ports": ports,
+            "lab_models": model_names(),
+            "lab_results_dir": str(results),
+            "lab_input_json": str(input_json),
+            "lab_bench_runs": [{"model": run.model, "args": run.command()[1:]} for run in runs],
+        },
+        say,
+    )
+    write_report(
+        results,
+        run_id=run_id,
+        target=state.target,
+        profile={"name": profile_name, **profile},
+        commands={run.model: shlex.join(run.command()) for run in runs},
+        smoke_weights=bool(state.deploy.get("smoke_weights")),
+        git=_git_commit(),
+    )
+    return results

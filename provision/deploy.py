@@ -1,0 +1,129 @@
+"""fab deploy: stage what the hosts need, then run playbooks/deploy.yml.
+
+The controller stages a bundle (the runtime code, the API and client scripts,
+the weights, the requirements) that the role copies to each host. The role
+renders the model repository for the host's GPUs, creates the serving
+environment, and starts tritonserver and the API. Copies are by checksum, so
+a second deploy with nothing changed changes nothing and restarts nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from provision import config
+from provision import state as state_module
+from provision.ansible import PlaybookResult, run_playbook
+from provision.local_serving import weight_sources
+from provision.model_repo import is_smoke, model_names
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# What the host's copy of the provision package needs: the process runtime and its modules.
+HOST_MODULES = ("__init__.py", "background.py", "local_triton.py", "process_runtime.py", "host_facts.py")
+BLIP_ON_HOST = "weights/blip"
+
+
+def bundle_dir() -> Path:
+    return state_module.state_file().parent / "bundle"
+
+
+def _replace_tree(source: Path, destination: Path, ignore=None) -> None:
+    shutil.rmtree(destination, ignore_errors=True)
+    shutil.copytree(source, destination, ignore=ignore)
+
+
+def stage_bundle(settings: dict) -> dict:
+    """Write the bundle; return facts the playbook needs (smoke flag, BLIP source as the host sees it)."""
+    bundle = bundle_dir()
+    bundle.mkdir(parents=True, exist_ok=True)
+
+    lib = bundle / "lib" / "provision"
+    shutil.rmtree(lib, ignore_errors=True)
+    lib.mkdir(parents=True)
+    for module in HOST_MODULES:
+        shutil.copy2(PACKAGE_DIR / module, lib / module)
+
+    _replace_tree(
+        config.PROJECT_ROOT / "client_scripts",
+        bundle / "client_scripts",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"),
+    )
+
+    requirements = bundle / "requirements"
+    requirements.mkdir(exist_ok=True)
+    shutil.copy2(config.SERVING_REQUIREMENTS, requirements / "serving.txt")
+    shutil.copy2(config.PROJECT_ROOT / "client_scripts" / "requirements.txt", requirements / "api.txt")
+    shutil.copy2(config.PROJECT_ROOT / settings["constraints"], requirements / "constraints.txt")
+    (requirements / "all.txt").write_text("-r serving.txt\n-r api.txt\n")
+
+    food11, blip = weight_sources(settings)
+    weights = bundle / "weights"
+    weights.mkdir(exist_ok=True)
+    shutil.copy2(food11, weights / "food11.pth")
+    if Path(blip).is_dir():  # a local folder travels with the bundle; a hub id is passed as is
+        _replace_tree(Path(blip), weights / "blip")
+        blip_on_host = BLIP_ON_HOST
+    else:
+        shutil.rmtree(weights / "blip", ignore_errors=True)
+        blip_on_host = blip
+    return {"smoke_weights": is_smoke(food11) or is_smoke(blip), "blip_on_host": blip_on_host}
+
+
+def deploy_dir(settings: dict, state: state_module.State) -> str:
+    if state.target == "local":
+        path = Path(settings["local_deploy_dir"])
+        return str(path if path.is_absolute() else config.PROJECT_ROOT / path)
+    return settings["remote_deploy_dir"]
+
+
+def extravars(settings: dict, state: state_module.State) -> dict:
+    """Everything the playbooks need, from the settings and the state (never a secret)."""
+    home = deploy_dir(settings, state)
+    return {
+        "lab_runtime": state.runtime,
+        "lab_deploy_dir": home,
+        "lab_serving_venv": state.serving_venv or "",
+        "lab_project_dir": str(config.PROJECT_ROOT),
+        "lab_controller_python": sys.executable,
+        "lab_bundle_dir": str(bundle_dir()),
+        "lab_bind_address": settings["bind_address"],
+        "lab_ports": dict(settings["ports"]),
+        "lab_models": model_names(),
+        "lab_ready_timeout_s": int(settings["triton_ready_timeout_s"]),
+        "lab_triton_wheel": settings["triton_wheel"],
+        "lab_model_settings": dict(settings["models"]),
+        "lab_pip_extra_args": settings.get("pip_extra_args", ""),
+    }
+
+
+def deploy(settings: dict, state: state_module.State, say: Callable[[str], None] = print) -> PlaybookResult:
+    """Run the deploy playbook; record progress in the state before and after."""
+    staged = stage_bundle(settings)
+    variables = extravars(settings, state) | {
+        "lab_smoke_weights": staged["smoke_weights"],
+        "lab_blip_source_on_host": staged["blip_on_host"],
+    }
+    # Written first: a deploy interrupted half-way still leaves a state that
+    # teardown knows how to clean up, and `fab deploy` again simply continues.
+    state.deploy = {
+        "status": "in-progress",
+        "home": variables["lab_deploy_dir"],
+        "hosts": state.deploy.get("hosts", {}),
+    }
+    state_module.save(state)
+    result = run_playbook("deploy.yml", variables, say)
+    hosts = {host: reports.get("deployment", {}) for host, reports in result.reports.items()}
+    state.deploy = {
+        "status": "deployed",
+        "home": variables["lab_deploy_dir"],
+        "hosts": hosts,
+        "ports": variables["lab_ports"],
+        "bind_address": variables["lab_bind_address"],
+        "smoke_weights": staged["smoke_weights"],
+    }
+    state.record(f"deployed ({result.total_changed} changes)")
+    state_module.save(state)
+    return result

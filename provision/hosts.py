@@ -1,0 +1,65 @@
+"""Commands on a provisioned host: a local subprocess, or Fabric over SSH."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+
+from provision.state import Host
+
+
+class HostError(RuntimeError):
+    """A host cannot be reached or refused us; the message says what to check."""
+
+
+def _connection(host: Host, timeout_s: float):
+    from fabric import Connection
+
+    connect_kwargs = {"key_filename": [host.key]} if host.key else {}
+    connect_kwargs["look_for_keys"] = not host.key
+    return Connection(
+        host.address, user=host.user or None, port=host.port, connect_timeout=timeout_s, connect_kwargs=connect_kwargs
+    )
+
+
+def run(host: Host, command: str, timeout_s: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a shell command on the host; returns its exit status and output (never raises on status)."""
+    if env:
+        command = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()) + " " + command
+    if host.connection == "local":
+        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout_s)
+    try:
+        with _connection(host, timeout_s) as connection:
+            result = connection.run(command, hide=True, warn=True, timeout=timeout_s, in_stream=False)
+    except Exception as error:  # noqa: BLE001 - paramiko raises many kinds; all mean "cannot use the host"
+        raise HostError(describe_ssh_error(host, error)) from None
+    return subprocess.CompletedProcess(command, result.exited, result.stdout, result.stderr)
+
+
+def describe_ssh_error(host: Host, error: Exception) -> str:
+    """One sentence on what went wrong with SSH and what to check."""
+    import paramiko
+
+    where = f"{host.user + '@' if host.user else ''}{host.address}:{host.port}"
+    retry = f"check with `ssh -p {host.port}{' -i ' + host.key if host.key else ''} {where.rsplit(':', 1)[0]}`"
+    if isinstance(error, paramiko.AuthenticationException):
+        key = host.key or "your default keys"
+        return f"{where} refused the key {key} for user {host.user or '(default)'}: check --user and --key; {retry}"
+    if isinstance(error, (socket.timeout, TimeoutError)):
+        return f"{where} did not answer within the timeout: check the address and that the host is up; {retry}"
+    if isinstance(error, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
+        return f"{where} refused the connection: is sshd running on port {host.port}? {retry}"
+    if isinstance(error, socket.gaierror):
+        return f"{host.address} is not a known host name: check the spelling"
+    if isinstance(error, FileNotFoundError):
+        return f"the key file {host.key} does not exist: check --key"
+    return f"cannot connect to {where}: {error}; {retry}"
+
+
+def check_reachable(host: Host, timeout_s: float = 15) -> str:
+    """Log in and find python3; return its version. Raise HostError saying what to fix."""
+    result = run(host, "python3 --version", timeout_s=timeout_s)
+    if result.returncode != 0:
+        raise HostError(f"{host.address} has no python3 (Ansible needs it): install python3 there")
+    return (result.stdout or result.stderr).strip()

@@ -1,0 +1,233 @@
+"""The `process` runtime on a serving host: tritonserver and the API as background processes.
+
+The deploy role copies this package to the host and drives it with one
+command per step; every command prints one JSON line whose "changed" field
+Ansible reads, so a second deploy with nothing changed reports no change.
+
+    python -m provision.process_runtime --config HOME/runtime.json install-triton
+    python -m provision.process_runtime --config HOME/runtime.json check-ports
+    python -m provision.process_runtime --config HOME/runtime.json start triton|api
+    python -m provision.process_runtime --config HOME/runtime.json restart triton|api
+    python -m provision.process_runtime --config HOME/runtime.json stop triton|api|all
+    python -m provision.process_runtime --config HOME/runtime.json status
+
+runtime.json (rendered by the role) names the paths and ports:
+    {"home": ..., "serving_python": ..., "triton_wheel": ..., "bind_address": "127.0.0.1",
+     "ports": {"triton_http": 8000, "triton_grpc": 8001, "triton_metrics": 8002, "api": 8080},
+     "models": [...], "ready_timeout_s": 300}
+Standard library only (plus this package's other standard-library modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.background import BackgroundProcess, port_is_free
+from provision.local_triton import TritonError, TritonProcess, TritonRuntime, install
+
+SERVICES = ("triton", "api")
+
+
+@dataclass
+class RuntimeConfig:
+    home: Path
+    serving_python: str
+    triton_wheel: str
+    bind_address: str
+    ports: dict
+    models: list
+    ready_timeout_s: float = 300
+
+    @classmethod
+    def load(cls, path: Path) -> RuntimeConfig:
+        data = json.loads(Path(path).read_text())
+        return cls(
+            home=Path(data["home"]),
+            serving_python=data["serving_python"],
+            triton_wheel=data["triton_wheel"],
+            bind_address=data.get("bind_address", "127.0.0.1"),
+            ports=data["ports"],
+            models=data.get("models", []),
+            ready_timeout_s=float(data.get("ready_timeout_s", 300)),
+        )
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+
+def triton(config: RuntimeConfig) -> TritonProcess:
+    return TritonProcess(
+        runtime_root=config.home / "triton",
+        model_repository=config.home / "models",
+        state_dir=config.run_dir,
+        http_port=config.ports["triton_http"],
+        grpc_port=config.ports["triton_grpc"],
+        metrics_port=config.ports["triton_metrics"],
+        host=config.bind_address,
+    )
+
+
+@dataclass
+class ApiService:
+    """The FastAPI app (client_scripts/api.py) under uvicorn."""
+
+    config: RuntimeConfig
+
+    def __post_init__(self):
+        self.process = BackgroundProcess("api", self.config.run_dir, stop_timeout_s=10)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.bind_address}:{self.config.ports['api']}"
+
+    def command(self) -> list[str]:
+        return [
+            self.config.serving_python,
+            "-m",
+            "uvicorn",
+            "api:app",
+            "--app-dir",
+            str(self.config.home / "client_scripts"),
+            "--host",
+            self.config.bind_address,
+            "--port",
+            str(self.config.ports["api"]),
+        ]
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        env["TRITON_URL"] = f"{self.config.bind_address}:{self.config.ports['triton_http']}"
+        return env
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self, timeout_s: float = 60) -> None:
+        if self.process.pid() is None:
+            self.process.launch(self.command(), self.environment())
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if self.process.pid() is None:
+                raise TritonError(f"the API exited during start-up.\n{self.process.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TritonError(f"the API is not healthy after {timeout_s:.0f} s.\n{self.process.log_tail()}")
+            time.sleep(0.3)
+
+
+def _ports_of(service: str, config: RuntimeConfig) -> list[int]:
+    if service == "triton":
+        return [config.ports[name] for name in ("triton_http", "triton_grpc", "triton_metrics")]
+    return [config.ports["api"]]
+
+
+def _process(service: str, config: RuntimeConfig):
+    return triton(config) if service == "triton" else ApiService(config).process
+
+
+def check_ports(config: RuntimeConfig) -> dict:
+    """Ports that another program holds (ours may hold their own ports)."""
+    busy = {}
+    for service in SERVICES:
+        if _process(service, config).pid() is not None:
+            continue
+        for port in _ports_of(service, config):
+            if not port_is_free(port, config.bind_address):
+                busy[str(port)] = service
+    return busy
+
+
+def start(service: str, config: RuntimeConfig) -> bool:
+    """Start a service unless it runs; wait until it is ready. True if it was started."""
+    if service == "triton":
+        server = triton(config)
+        was_running = server.pid() is not None
+        server.start(config.models, config.ready_timeout_s)
+        return not was_running
+    api = ApiService(config)
+    was_running = api.process.pid() is not None
+    api.start()
+    return not was_running
+
+
+def stop(service: str, config: RuntimeConfig) -> bool:
+    if service == "triton":
+        return triton(config).stop()
+    return ApiService(config).process.stop()
+
+
+def status(config: RuntimeConfig) -> dict:
+    server, api = triton(config), ApiService(config)
+    return {
+        "triton": {
+            "pid": server.pid(),
+            "url": server.url,
+            "ready": server.is_ready(),
+            "models": server.model_states() or {},
+            "log": str(server.log_file),
+        },
+        "api": {"pid": api.process.pid(), "url": api.url, "healthy": api.healthy(), "log": str(api.process.log_file)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, required=True, help="the runtime.json the deploy role rendered")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("install-triton", help="lay out tritonserver for the serving Python")
+    commands.add_parser("check-ports", help="fail if another program holds one of our ports")
+    for name in ("start", "restart", "stop"):
+        sub = commands.add_parser(name)
+        sub.add_argument("service", choices=SERVICES + (("all",) if name == "stop" else ()))
+    commands.add_parser("status", help="pids, health and model states")
+    args = parser.parse_args(argv)
+    config = RuntimeConfig.load(args.config)
+
+    try:
+        if args.command == "install-triton":
+            runtime = TritonRuntime(config.home / "triton")
+            before = runtime.manifest.read_text() if runtime.manifest.exists() else None
+            install(runtime.root, config.serving_python, config.triton_wheel)
+            result = {"changed": runtime.manifest.read_text() != before}
+        elif args.command == "check-ports":
+            busy = check_ports(config)
+            if busy:
+                ports = ", ".join(f"{port} ({service})" for port, service in busy.items())
+                raise TritonError(
+                    f"port(s) {ports} already in use on this host by another program: "
+                    "stop it, or choose other ports (lab.ports in fabric.yaml)"
+                )
+            result = {"changed": False}
+        elif args.command == "start":
+            result = {"changed": start(args.service, config)}
+        elif args.command == "restart":
+            stop(args.service, config)
+            start(args.service, config)
+            result = {"changed": True}
+        elif args.command == "stop":
+            services = SERVICES[::-1] if args.service == "all" else (args.service,)
+            stopped = [service for service in services if stop(service, config)]
+            result = {"changed": bool(stopped), "stopped": stopped}
+        else:
+            result = {"changed": False, **status(config)}
+    except TritonError as error:
+        print(json.dumps({"changed": False, "failed": True, "msg": str(error)}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

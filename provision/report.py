@@ -1,0 +1,177 @@
+"""The results of a bench run: summary.json, report.md and plots, from what the hosts sent back.
+
+results/<run-id>/
+  summary.json          {"run_id", "models": {model: [{concurrency, throughput, p50_us, ...}]}, ...}
+  report.md             tables, the best configuration, published P100 figures on P100 hosts
+  throughput.png        throughput vs concurrency, one line per model
+  latency.png           p50/p90/p95/p99 vs concurrency, one panel per model
+  hosts/<host>/         raw perf_analyzer CSVs and logs, host.json, configs/ as deployed
+  input.jpg, input.json the benchmark input
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from provision.perf import parse_csv
+
+# serve-system-chi on 2 x P100 (REFERENCE.md section 6), concurrency 8 unless noted.
+PUBLISHED_P100 = [
+    ("python backend, 1 instance, no batching", "8", 52.4, 152),
+    ("+ dynamic batching", "8", 78.6, 101),
+    ("+ 2 instances on each of 2 GPUs", "8", 192.8, 41),
+    ("+ 4 instances on each of 2 GPUs", "8", 118.7, 68),
+    ("ONNX backend, 2 instances on GPUs [0,1]", "8 / 16", "1182 / 1257", "6.1 / 12.0"),
+]
+# Which of our models corresponds to which published row (for the side-by-side table).
+PUBLISHED_COUNTERPART = {
+    "gpu_food_classifier": "python backend, 1 instance, no batching",
+    "batching_food_classifier": "+ dynamic batching",
+    "multigpu_food_classifier": "+ 2 instances on each of 2 GPUs",
+}
+
+
+def _load_host(folder: Path) -> dict:
+    facts_file = folder / "host.json"
+    facts = json.loads(facts_file.read_text()) if facts_file.exists() else {}
+    models = {csv.stem: parse_csv(csv) for csv in sorted(folder.glob("*.csv"))}
+    configs = {c.stem: c.name for c in sorted((folder / "configs").glob("*.pbtxt"))}
+    return {"facts": facts, "models": models, "configs": configs}
+
+
+def _best(models: dict[str, list[dict]]) -> dict | None:
+    candidates = [(row["throughput"], model, row) for model, rows in models.items() for row in rows]
+    if not candidates:
+        return None
+    throughput, model, row = max(candidates, key=lambda c: c[0])
+    return {"model": model, "concurrency": row["concurrency"], "throughput": throughput, "p95_us": row.get("p95_us")}
+
+
+def _has_p100(facts: dict) -> bool:
+    return any("P100" in gpu.get("name", "") for gpu in facts.get("gpus", []))
+
+
+def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for model, rows in models.items():
+        axes.plot([r["concurrency"] for r in rows], [r["throughput"] for r in rows], marker="o", label=model)
+    axes.set(xlabel="concurrency", ylabel="throughput (infer/s)", title=f"Throughput vs concurrency{title}")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(results / "throughput.png", dpi=110)
+    plt.close(figure)
+
+    figure, panels = plt.subplots(1, len(models), figsize=(4 * len(models), 4), squeeze=False, sharey=True)
+    for panel, (model, rows) in zip(panels[0], models.items()):
+        concurrency = [r["concurrency"] for r in rows]
+        for percentile in ("p50", "p90", "p95", "p99"):
+            panel.plot(concurrency, [r[f"{percentile}_us"] / 1000 for r in rows], marker=".", label=percentile)
+        panel.set(title=model, xlabel="concurrency")
+        panel.grid(alpha=0.3)
+    panels[0][0].set_ylabel("latency (ms)")
+    panels[0][0].legend(fontsize="small")
+    figure.suptitle(f"Latency percentiles vs concurrency{title}")
+    figure.tight_layout()
+    figure.savefig(results / "latency.png", dpi=110)
+    plt.close(figure)
+    return ["throughput.png", "latency.png"]
+
+
+def _markdown(summary: dict, host_name: str) -> str:
+    lines = [f"# Benchmark {summary['run_id']}", ""]
+    if summary["smoke_weights"]:
+        lines += [
+            "> **SMOKE WEIGHTS**: the models ran with randomly initialised weights. Throughput and latency",
+            "> are real; labels and captions are meaningless.",
+            "",
+        ]
+    facts = summary["hosts"][host_name]["facts"]
+    gpus = ", ".join(g["name"] for g in facts.get("gpus", [])) or "none"
+    lines += [
+        f"- target: {summary['target']}, host: {host_name} ({facts.get('cpu', {}).get('model', '?')}, "
+        f"{facts.get('cpu', {}).get('cores', '?')} cores; GPUs: {gpus})",
+        f"- Triton {facts.get('triton', {}).get('version')}, torch {facts.get('torch', {}).get('version')}, "
+        f"Python {facts.get('python')}",
+        f"- profile: {summary['profile']['name']} (concurrency {summary['profile']['concurrency_range']}, "
+        f"{summary['profile']['measurement_interval_ms']} ms windows)",
+        f"- git commit: {summary['git']['commit']}{' (with uncommitted changes)' if summary['git']['dirty'] else ''}",
+        "",
+    ]
+    best = summary["best"]
+    if best:
+        lines += [
+            f"**Best configuration**: `{best['model']}` at concurrency {best['concurrency']}: "
+            f"{best['throughput']:.1f} infer/s (p95 {best['p95_us'] / 1000:.1f} ms).",
+            "",
+        ]
+    for model, rows in summary["models"].items():
+        lines += [
+            f"## {model}",
+            "",
+            "| concurrency | infer/s | p50 ms | p90 ms | p95 ms | p99 ms |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['concurrency']} | {r['throughput']:.1f} | {r['p50_us'] / 1000:.1f} | {r['p90_us'] / 1000:.1f} "
+            f"| {r['p95_us'] / 1000:.1f} | {r['p99_us'] / 1000:.1f} |"
+            for r in rows
+        ]
+        lines += ["", f"perf_analyzer: `{summary['commands'].get(model, '')}`", ""]
+    if summary["p100_comparison"]:
+        lines += [
+            "## Beside the published P100 figures (serve-system-chi, 2 x P100)",
+            "",
+            "| config | concurrency | published infer/s | published avg latency ms | ours (model, infer/s at 8) |",
+            "|---|---|---:|---:|---|",
+        ]
+        ours = {PUBLISHED_COUNTERPART[m]: m for m in summary["models"] if m in PUBLISHED_COUNTERPART}
+        for config, concurrency, throughput, latency in PUBLISHED_P100:
+            model = ours.get(config)
+            at_8 = next((r["throughput"] for r in summary["models"].get(model, []) if r["concurrency"] == 8), None)
+            mine = f"{model}: {at_8:.1f}" if model and at_8 is not None else "-"
+            lines.append(f"| {config} | {concurrency} | {throughput} | {latency} | {mine} |")
+        lines.append("")
+    lines += ["![throughput](throughput.png)", "", "![latency](latency.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(
+    results: Path,
+    run_id: str,
+    target: str,
+    profile: dict,
+    commands: dict[str, str],
+    smoke_weights: bool,
+    git: dict,
+) -> dict:
+    """Read hosts/*/ and write summary.json, report.md and the plots; return the summary."""
+    hosts = {folder.name: _load_host(folder) for folder in sorted((results / "hosts").iterdir()) if folder.is_dir()}
+    if not hosts:
+        raise ValueError(f"no host results under {results / 'hosts'}")
+    first = next(iter(hosts))
+    models = hosts[first]["models"]
+    summary = {
+        "run_id": run_id,
+        "target": target,
+        "smoke_weights": smoke_weights,
+        "profile": profile,
+        "host": first,
+        "models": models,  # of the first host; every host's are under "hosts"
+        "best": _best(models),
+        "hosts": hosts,
+        "commands": commands,
+        "git": git,
+        "p100_comparison": _has_p100(hosts[first]["facts"]),
+    }
+    title = " (SMOKE WEIGHTS)" if smoke_weights else ""
+    summary["plots"] = _plots(results, models, title)
+    (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (results / "report.md").write_text(_markdown(summary, first))
+    return summary

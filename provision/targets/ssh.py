@@ -1,0 +1,46 @@
+"""The `ssh` target: hosts the user already has (a lab GPU box, a manually created instance)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Callable
+
+from provision.hosts import check_reachable
+from provision.state import Host, State
+
+
+def _hosts(options: dict) -> list[Host]:
+    addresses = [a for item in options.get("hosts") or [] for a in str(item).split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("the ssh target needs at least one host: fab provision --target ssh --host HOST")
+    user = options.get("user") or getpass.getuser()
+    port = int(options.get("port") or 22)
+    key = os.path.abspath(os.path.expanduser(options["key"])) if options.get("key") else None
+    if key and not os.path.exists(key):
+        raise ValueError(f"the key file {key} does not exist: check --key")
+    hosts = []
+    for address in addresses:
+        address = address.strip()
+        name = address if addresses.count(address) == 1 else f"{address}_{port}"
+        hosts.append(Host(name=name, address=address, port=port, user=user, key=key, python=options.get("python")))
+    return hosts
+
+
+def provision(settings: dict, options: dict, state: State | None, save: Callable[[State], None], say) -> State:
+    hosts = _hosts(options)
+    serving_venv = options.get("serving_venv") or None
+    if state is not None and state.hosts == hosts and state.serving_venv == serving_venv:
+        say("these ssh hosts are already provisioned: nothing to do")
+        return state
+    for host in hosts:
+        version = check_reachable(host)
+        say(f"{host.user}@{host.address}:{host.port} reachable ({version})")
+    new = State(target="ssh", hosts=hosts, serving_venv=serving_venv)
+    new.record(f"provisioned ssh hosts {', '.join(h.address for h in hosts)}")
+    save(new)
+    return new
+
+
+def release(state: State, settings: dict, save, say) -> None:
+    """The hosts are the user's: nothing to release beyond what teardown removed from them."""

@@ -1,0 +1,57 @@
+"""fab teardown: stop the services, remove what deploy put on the hosts, verify, release, forget.
+
+Safe to run twice: with nothing provisioned it says so and succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from provision import inventory, targets
+from provision import state as state_module
+from provision.ansible import PlaybookError, run_playbook
+from provision.deploy import extravars
+
+
+class TeardownError(RuntimeError):
+    pass
+
+
+def teardown(settings: dict, state: state_module.State | None, say: Callable[[str], None] = print, purge=False) -> None:
+    if state is None:
+        say("nothing is provisioned: nothing to tear down")
+        inventory.remove()
+        return
+    if state.hosts and state.deploy:
+        say(f"stopping services and removing the deployment on {len(state.hosts)} host(s)")
+        try:
+            run_playbook("teardown.yml", extravars(settings, state), say)
+        except PlaybookError as error:
+            if not purge and state.target != "chameleon":
+                raise TeardownError(
+                    f"{error}\n\nthe state is kept: fix the problem and run `fab teardown` again, "
+                    "or `fab teardown --purge` to forget these hosts without cleaning them"
+                ) from None
+            # A chameleon node is deleted with everything on it; --purge means the user said so.
+            say(f"warning: could not clean the hosts ({str(error).splitlines()[0]}); continuing")
+        state.deploy = {}
+        state.record("services stopped, deployment removed and verified gone")
+        state_module.save(state)
+
+    def save(updated: state_module.State) -> None:
+        state_module.save(updated)
+
+    target = targets.get(state.target)
+    try:
+        target.release(state, settings, save, say)
+    except Exception as error:
+        if not purge:
+            raise TeardownError(
+                f"could not release the {state.target} resources: {error}\n"
+                "the state is kept: run `fab teardown` again, or `fab teardown --purge` to forget them locally "
+                "(they may still exist in the cloud)"
+            ) from error
+        say(f"warning: {error}; forgetting the local state as --purge asks")
+    state_module.clear()
+    inventory.remove()
+    say("teardown complete: nothing of ours is running, state cleared")
