@@ -1,0 +1,405 @@
+"""The FastAPI service (client_scripts/api.py) under uvicorn, in front of a real tritonserver.
+
+Every test talks HTTP to a real uvicorn process on a free loopback port; the
+app talks to a real Triton (the session's, or one of this module's own when
+the test stops it). Smoke weights: labels are meaningless but must be one of
+the eleven, and the API must give the answer Triton gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import schemathesis
+import tritonclient.http as triton_http
+from conftest import free_ports
+from food11 import FOOD11_LABELS
+from helpers import classify
+from hypothesis import HealthCheck, given, settings
+from PIL import Image
+
+from provision import config, sample_images
+from provision.local_triton import TritonProcess
+from provision.model_repo import render
+
+CLIENT_SCRIPTS = config.PROJECT_ROOT / "client_scripts"
+TEN_MB = 10 * 1024 * 1024
+
+
+class ApiProcess:
+    """`uvicorn api:app --app-dir client_scripts` on a free port, configured by environment."""
+
+    def __init__(self, log_file: Path, **env: str):
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_file = log_file
+        command = [sys.executable, "-m", "uvicorn", "api:app", "--app-dir", str(CLIENT_SCRIPTS)]
+        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        with open(log_file, "wb") as log:
+            self.process = subprocess.Popen(
+                command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=config.PROJECT_ROOT
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the API did not start:\n{log_file.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def stop(self) -> str:
+        """SIGTERM (uvicorn then runs the lifespan shutdown); returns the log."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.log_file.read_text()
+
+
+def triton_address(server: TritonProcess) -> str:
+    return f"{server.host}:{server.http_port}"
+
+
+def upload(data: bytes, name: str = "photo.jpg", content_type: str = "image/jpeg") -> dict:
+    return {"file": (name, data, content_type)}
+
+
+@pytest.fixture(scope="module")
+def api(triton_server, tmp_path_factory):
+    """The API with its defaults, in front of the session's Triton."""
+    process = ApiProcess(tmp_path_factory.mktemp("api") / "api.log", TRITON_URL=triton_address(triton_server))
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def http(api):
+    with httpx.Client(base_url=api.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def triton(triton_server):
+    with triton_http.InferenceServerClient(triton_address(triton_server)) as client:
+        yield client
+
+
+PHOTO = sample_images.jpeg(seed=11)
+_truncated_source = sample_images.jpeg(seed=12)
+
+
+# --------------------------------------------------------------------------- success paths
+
+
+def test_healthz_says_the_process_is_alive(http):
+    response = http.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_readyz_is_ready_when_triton_and_the_needed_models_are(http, triton_server):
+    response = http.get("/readyz")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "ready" and body["triton"] == triton_address(triton_server)
+    assert body["models"]["batching_food_classifier"] == "READY" and body["models"]["ensemble"] == "READY"
+
+
+def test_classify_answers_like_triton_with_the_batching_classifier_by_default(http, triton):
+    response = http.post("/classify", files=upload(PHOTO))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "batching_food_classifier"
+    assert body["label"] in FOOD11_LABELS and 0 < body["probability"] <= 1
+    ((label, probability),) = classify(triton, "batching_food_classifier", [sample_images.b64(PHOTO)])
+    assert body["label"] == label and body["probability"] == pytest.approx(probability, abs=1e-6)
+
+
+@pytest.mark.parametrize("model", ["food_classifier", "gpu_food_classifier", "multigpu_food_classifier"])
+def test_classify_serves_another_variant_when_asked(http, model):
+    response = http.post("/classify", params={"model": model}, files=upload(PHOTO))
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == model and response.json()["label"] in FOOD11_LABELS
+
+
+def test_classify_accepts_png_grayscale_and_rgba(http):
+    for mode, format in (("L", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")):
+        data = sample_images.encode(sample_images.picture(seed=13).convert(mode), format)
+        response = http.post("/classify", files=upload(data, f"x.{format.lower()}", f"image/{format.lower()}"))
+        assert response.status_code == 200, f"{mode} {format}: {response.text}"
+
+
+def test_caption_returns_the_ensembles_caption_and_its_label(http, triton):
+    response = http.post("/caption", files=upload(PHOTO))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "ensemble" and body["caption"].strip()
+    assert body["label"] in FOOD11_LABELS and 0 < body["probability"] <= 1
+    # Conditioned on its label (the smoke BLIP starts its caption with the prompt).
+    assert body["caption"].startswith(f"a photo of {body['label'].lower()}")
+    ((label, _),) = classify(triton, "food_classifier", [sample_images.b64(PHOTO)])
+    assert body["label"] == label, "the ensemble's label is food_classifier's"
+
+
+def test_openapi_docs_are_served(http):
+    spec = http.get("/openapi.json").json()
+    assert {"/classify", "/caption", "/healthz", "/readyz"} <= set(spec["paths"])
+    variants = spec["components"]["schemas"]["ClassifierModel"]["enum"]
+    assert "batching_food_classifier" in variants and "food_classifier" in variants
+    assert http.get("/docs").status_code == 200
+
+
+# --------------------------------------------------------------------------- the client's mistakes
+
+BAD_UPLOADS = {
+    # name: (bytes, expected status, words the message must contain)
+    "empty": (b"", 400, "empty"),
+    "not-an-image": (b"plain text, no picture here", 400, "not an image"),
+    "truncated": (_truncated_source[: len(_truncated_source) // 3], 400, "truncated"),
+    "too-many-pixels": (sample_images.encode(Image.new("RGB", (5000, 4000)), "PNG"), 400, "over the limit"),
+}
+
+
+@pytest.mark.parametrize("endpoint", ["/classify", "/caption"])
+@pytest.mark.parametrize("bad", list(BAD_UPLOADS))
+def test_an_unusable_upload_is_the_clients_error_with_a_message(http, endpoint, bad):
+    data, status, words = BAD_UPLOADS[bad]
+    response = http.post(endpoint, files=upload(data))
+    assert response.status_code == status, response.text
+    assert words in response.json()["detail"]
+    assert http.get("/readyz").status_code == 200, "a bad upload must not hurt the service"
+
+
+def test_a_request_without_a_file_is_422(http):
+    response = http.post("/classify", data={"image": "x"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "file"]
+
+
+def test_an_unknown_variant_is_422_and_lists_the_known_ones(http):
+    response = http.post("/classify", params={"model": "resnet"}, files=upload(PHOTO))
+    assert response.status_code == 422
+    assert "batching_food_classifier" in response.text
+
+
+def test_a_body_that_is_not_multipart_is_a_client_error(http):
+    response = http.post("/classify", content=b"\xff\xd8 raw jpeg bytes", headers={"Content-Type": "image/jpeg"})
+    assert response.status_code == 422
+    broken = http.post(
+        "/classify", content=b"--b\r\nbroken", headers={"Content-Type": "multipart/form-data; boundary=b"}
+    )
+    assert 400 <= broken.status_code < 500
+
+
+def _raw_post(api, headers: bytes, chunks, chunked: bool = False, limit_bytes: int = 3 * TEN_MB) -> tuple[int, int]:
+    """POST over a plain socket, stop sending once the server answers; (status, bytes sent)."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", api.port), timeout=30) as sock:
+        sock.sendall(b"POST /classify HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n")
+        for chunk in chunks:
+            if sent > limit_bytes or select.select([sock], [], [], 0)[0]:
+                break  # the server has answered (or we sent far more than any limit)
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        answer = b""
+        while b"\r\n" not in answer:
+            data = sock.recv(4096)
+            if not data:
+                break
+            answer += data
+    return int(answer.split(b" ", 2)[1]), sent
+
+
+MULTIPART_HEAD = (
+    b'--B\r\nContent-Disposition: form-data; name="file"; filename="big.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+)
+
+
+def test_a_declared_size_over_10_mb_is_413_before_the_body_is_sent(api):
+    headers = b"Content-Type: multipart/form-data; boundary=B\r\nContent-Length: %d\r\n" % (TEN_MB + 200_000)
+    status, sent = _raw_post(api, headers, [MULTIPART_HEAD])
+    assert status == 413
+    assert sent < 1024, "the server answered without waiting for the body"
+
+
+def test_a_streamed_body_over_10_mb_is_413_once_the_count_passes_the_limit(api, http):
+    headers = b"Content-Type: multipart/form-data; boundary=B\r\nTransfer-Encoding: chunked\r\n"
+    chunks = [MULTIPART_HEAD] + [b"\xff" * 65536] * (3 * TEN_MB // 65536)
+    status, sent = _raw_post(api, headers, chunks, chunked=True)
+    assert status == 413
+    assert sent > TEN_MB, "refused only once over the limit"
+    assert http.get("/healthz").status_code == 200
+
+
+def test_an_upload_just_over_10_mb_is_413_and_one_under_is_not(http):
+    over = http.post("/classify", files=upload(b"\xff" * (TEN_MB + 1)))
+    assert over.status_code == 413 and "limit" in over.json()["detail"]
+    under = http.post("/classify", files=upload(b"\xff" * (TEN_MB - 1000)))
+    # Under the API's limit, it reaches the model, which finds it is no image.
+    assert under.status_code == 400 and "INPUT_IMAGE" in under.json()["detail"]
+
+
+# --------------------------------------------------------------------------- under load
+
+
+def test_200_requests_at_concurrency_16_all_succeed_with_triton_answers(http, api, triton):
+    photos = [sample_images.jpeg(seed=seed) for seed in range(20, 28)]
+    expected = dict(enumerate(classify(triton, "batching_food_classifier", [sample_images.b64(p) for p in photos])))
+
+    async def load() -> list[tuple[int, httpx.Response]]:
+        limit = asyncio.Semaphore(16)
+        async with httpx.AsyncClient(base_url=api.url, timeout=120, limits=httpx.Limits(max_connections=16)) as c:
+
+            async def one(i: int):
+                async with limit:
+                    return i % len(photos), await c.post("/classify", files=upload(photos[i % len(photos)]))
+
+            return await asyncio.gather(*(one(i) for i in range(200)))
+
+    started = time.monotonic()
+    answers = asyncio.run(load())
+    elapsed = time.monotonic() - started
+    errors = [(r.status_code, r.text) for _, r in answers if r.status_code != 200]
+    assert not errors, f"{len(errors)} of 200 failed: {errors[:3]}"
+    for photo, response in answers:
+        label, probability = expected[photo]
+        assert response.json()["label"] == label
+        assert response.json()["probability"] == pytest.approx(probability, abs=1e-4)
+    print(f"200 requests at concurrency 16 in {elapsed:.1f} s ({200 / elapsed:.1f} req/s)")
+
+
+# --------------------------------------------------------------------------- Triton down, slow
+
+
+@pytest.fixture(scope="module")
+def own_triton(tmp_path_factory, render_values, triton_runtime):
+    """A second tritonserver this module may stop: just the models a caption needs."""
+    repository = tmp_path_factory.mktemp("own-repo") / "models"
+    render(repository, render_values)
+    keep = {"food_classifier", "conditional_captioning", "ensemble"}
+    for folder in repository.iterdir():
+        if folder.name not in keep:
+            shutil.rmtree(folder)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonProcess(
+        runtime_root=triton_runtime.root,
+        model_repository=repository,
+        state_dir=tmp_path_factory.mktemp("own-triton-run"),
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+    )
+    server.models = sorted(keep)
+    yield server
+    server.stop()
+
+
+def _wait_ready(client: httpx.Client, timeout_s: float = 30) -> httpx.Response:
+    deadline = time.monotonic() + timeout_s
+    while (response := client.get("/readyz")).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return response
+
+
+def test_triton_down_is_503_and_the_api_recovers_when_it_returns(own_triton, tmp_path):
+    """Not started yet -> 503; started -> 200; stopped -> 503; started again -> 200."""
+    api = ApiProcess(
+        tmp_path / "api.log",
+        TRITON_URL=triton_address(own_triton),
+        API_CLASSIFIER_MODEL="food_classifier",
+        API_CLASSIFIER_MODELS="food_classifier",
+    )
+    try:
+        with httpx.Client(base_url=api.url, timeout=60) as client:
+
+            def assert_down(when: str):
+                ready = client.get("/readyz")
+                assert ready.status_code == 503 and ready.json()["status"] == "not ready", when
+                assert "unreachable" in ready.json()["detail"], when
+                for endpoint in ("/classify", "/caption"):
+                    response = client.post(endpoint, files=upload(PHOTO))
+                    assert response.status_code == 503, f"{when}: {endpoint} {response.text}"
+                    assert "unreachable" in response.json()["detail"]
+                assert client.get("/healthz").status_code == 200, "the process itself stays alive"
+
+            def assert_up(when: str):
+                assert _wait_ready(client).status_code == 200, when
+                assert client.post("/classify", files=upload(PHOTO)).status_code == 200, when
+                assert client.post("/caption", files=upload(PHOTO)).status_code == 200, when
+
+            assert_down("before Triton started")
+            own_triton.start(own_triton.models, timeout_s=300)
+            assert_up("once Triton is up")
+            assert own_triton.stop()
+            assert_down("after Triton stopped")
+            own_triton.start(own_triton.models, timeout_s=300)
+            assert_up("after Triton restarted")
+    finally:
+        log = api.stop()
+    assert "Application shutdown complete" in log and "Unclosed" not in log, log[-2000:]
+
+
+def test_readyz_is_503_while_a_needed_model_is_missing(triton_server, tmp_path):
+    api = ApiProcess(tmp_path / "api.log", TRITON_URL=triton_address(triton_server), API_CAPTION_MODEL="no_such_model")
+    try:
+        response = httpx.get(f"{api.url}/readyz", timeout=30)
+        assert response.status_code == 503
+        assert response.json()["models"]["no_such_model"] == "NOT IN REPOSITORY"
+        caption = httpx.post(f"{api.url}/caption", files=upload(PHOTO), timeout=30)
+        assert caption.status_code == 503 and "no_such_model" in caption.json()["detail"]
+    finally:
+        api.stop()
+
+
+def test_triton_slower_than_the_timeout_is_504(triton_server, tmp_path):
+    # A phone photo takes Triton far longer than 50 ms to decode and caption.
+    api = ApiProcess(tmp_path / "api.log", TRITON_URL=triton_address(triton_server), API_TRITON_TIMEOUT_S="0.05")
+    try:
+        phone = sample_images.jpeg(sample_images.PHONE, seed=14)
+        response = httpx.post(f"{api.url}/caption", files=upload(phone), timeout=60)
+        assert response.status_code == 504, response.text
+        assert "did not answer within 0.05 s" in response.json()["detail"]
+        assert httpx.get(f"{api.url}/healthz", timeout=10).status_code == 200
+    finally:
+        api.stop()
+
+
+# --------------------------------------------------------------------------- fuzzing the spec
+
+
+@pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
+def test_no_request_generated_from_the_openapi_spec_gets_a_server_error(api, mode):
+    """Requests that follow the spec, and requests that break it on purpose: never a 5xx."""
+    schema = schemathesis.openapi.from_url(f"{api.url}/openapi.json")
+    statuses: dict[int, int] = {}
+
+    @given(case=schema.as_strategy(mode))
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    def send(case):
+        response = case.call(base_url=api.url, timeout=60)
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        assert response.status_code < 500, f"{case.method} {case.path}: {response.status_code} {response.text[:300]}"
+
+    send()
+    print(f"{mode.value}: responses by status {dict(sorted(statuses.items()))}")
+    assert sum(statuses.values()) >= 20, "the fuzzer sent too few requests to mean anything"
