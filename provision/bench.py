@@ -21,7 +21,11 @@ from provision.model_repo import model_names
 from provision.perf import PerfRun, write_input_json
 from provision.report import write_report
 
-RESULTS_ROOT = config.PROJECT_ROOT / "results"
+
+
+def results_root(settings: dict) -> Path:
+    path = Path(settings.get("results_dir") or "results")
+    return path if path.is_absolute() else config.PROJECT_ROOT / path
 
 
 class BenchError(RuntimeError):
@@ -73,8 +77,9 @@ def bench(
     profile_name = "quick" if quick else "full"
     profile = dict(settings["bench"][profile_name])
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{state.target}"
-    results = RESULTS_ROOT / run_id
-    (results / "hosts").mkdir(parents=True, exist_ok=True)
+    results = results_root(settings) / run_id
+    for host in state.hosts:  # where the playbook saves each host's results
+        (results / "hosts" / host.name / "configs").mkdir(parents=True, exist_ok=True)
 
     image = results / "input.jpg"
     image.write_bytes(sample_images.jpeg())

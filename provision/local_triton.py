@@ -243,6 +243,12 @@ class TritonProcess:
         env["VIRTUAL_ENV"] = str(Path(serving_bin).parent)
         env.pop("PYTHONHOME", None)
         env.pop("PYTHONPATH", None)
+        # The backend starts each stub through bash. Under an SSH session
+        # (Ansible) bash sources ~/.bashrc when it sees SSH_CLIENT, and a
+        # .bashrc that sets up pyenv or conda puts another python3 first on
+        # PATH. Without these variables bash leaves PATH alone.
+        for variable in ("SSH_CLIENT", "SSH2_CLIENT", "BASH_ENV", "ENV"):
+            env.pop(variable, None)
         return env
 
     # -- lifecycle

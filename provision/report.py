@@ -68,12 +68,12 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
     figure.savefig(results / "throughput.png", dpi=110)
     plt.close(figure)
 
-    figure, panels = plt.subplots(1, len(models), figsize=(4 * len(models), 4), squeeze=False, sharey=True)
+    figure, panels = plt.subplots(1, len(models), figsize=(4 * len(models), 4), squeeze=False)  # own y scales: the ensemble is far slower
     for panel, (model, rows) in zip(panels[0], models.items()):
         concurrency = [r["concurrency"] for r in rows]
         for percentile in ("p50", "p90", "p95", "p99"):
             panel.plot(concurrency, [r[f"{percentile}_us"] / 1000 for r in rows], marker=".", label=percentile)
-        panel.set(title=model, xlabel="concurrency")
+        panel.set(title=model, xlabel="concurrency", xticks=concurrency)
         panel.grid(alpha=0.3)
     panels[0][0].set_ylabel("latency (ms)")
     panels[0][0].legend(fontsize="small")

@@ -5,12 +5,13 @@ Safe to run twice: with nothing provisioned it says so and succeeds.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 
 from provision import inventory, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, run_playbook
-from provision.deploy import extravars
+from provision.deploy import bundle_dir, extravars
 
 
 class TeardownError(RuntimeError):
@@ -54,4 +55,5 @@ def teardown(settings: dict, state: state_module.State | None, say: Callable[[st
         say(f"warning: {error}; forgetting the local state as --purge asks")
     state_module.clear()
     inventory.remove()
+    shutil.rmtree(bundle_dir(), ignore_errors=True)
     say("teardown complete: nothing of ours is running, state cleared")

@@ -1,0 +1,69 @@
+"""Drive the real `fab` command line as a user would, with a private state and free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provision.config import PROJECT_ROOT
+
+FAB = str(Path(sys.executable).parent / "fab")
+
+
+@dataclass
+class Lab:
+    """One isolated user of the project: own state file, deploy folders, results and ports."""
+
+    root: Path
+    ports: dict
+    extra_env: dict = field(default_factory=dict)
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state" / "state.json"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.root / "results"
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(
+            {
+                "LAB_STATE_FILE": str(self.state_file),
+                "FABRIC_LAB_LOCAL_DEPLOY_DIR": str(self.root / "deploy-local"),
+                "FABRIC_LAB_REMOTE_DEPLOY_DIR": str(self.root / "deploy-remote"),
+                "FABRIC_LAB_RESULTS_DIR": str(self.results_dir),
+            }
+        )
+        for name, port in self.ports.items():
+            env[f"FABRIC_LAB_PORTS_{name.upper()}"] = str(port)
+        env.update(self.extra_env)
+        return env
+
+    def fab(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [FAB, *args], cwd=PROJECT_ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"fab {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def popen_fab(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [FAB, *args], cwd=PROJECT_ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )
+
+    def state(self) -> dict | None:
+        return json.loads(self.state_file.read_text()) if self.state_file.exists() else None
+
+
+def our_processes(folder: Path) -> list[str]:
+    """Processes whose command line mentions `folder` (our services run from there)."""
+    done = subprocess.run(["pgrep", "-a", "-f", "--", f"{folder}/"], capture_output=True, text=True)
+    return done.stdout.splitlines()

@@ -1,0 +1,119 @@
+"""The whole pipeline for real, on the local target and on an ssh host (a real sshd on 127.0.0.1):
+
+provision -> deploy -> deploy again (no changes) -> a config change restarts only Triton
+-> status, logs -> bench --quick -> results -> teardown -> nothing of ours left -> teardown again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from conftest import free_ports
+from lab import Lab, our_processes
+from sshd import start_sshd
+
+from provision.background import port_is_free
+from provision.model_repo import model_names
+
+PORT_NAMES = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
+BENCH_MODELS = ["food_classifier", "gpu_food_classifier", "batching_food_classifier", "multigpu_food_classifier", "ensemble"]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = start_sshd(tmp_path_factory.mktemp("sshd"), free_ports(1)[0])
+    yield server
+    server.stop()
+
+
+def new_lab(tmp_path) -> Lab:
+    return Lab(tmp_path, ports=dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)))))
+
+
+def provision_args(target: str, sshd) -> list[str]:
+    if target == "local":
+        return ["provision", "--target", "local"]
+    return [
+        "provision", "--target", "ssh", "--host", "127.0.0.1", "--port", str(sshd.port), "--user", sshd.user,
+        "--key", str(sshd.key), "--python", "/usr/bin/python3",
+        # The host is this machine: reuse the project's environment instead of a second torch install.
+        "--serving-venv", sys.prefix,
+    ]  # fmt: skip
+
+
+def changed_tasks(output: str) -> list[str]:
+    return [line.split(None, 2)[-1] for line in output.splitlines() if line.strip().startswith("changed")]
+
+
+def service_pids(lab: Lab) -> dict:
+    status = lab.fab("status").stdout
+    return {name: re.search(rf"{name}: .*?\(pid (\d+)\)", status).group(1) for name in ("tritonserver", "api")}
+
+
+@pytest.mark.parametrize("target", ["local", "ssh"])
+def test_the_whole_pipeline(target, tmp_path, sshd):
+    lab = new_lab(tmp_path)
+    deploy_dir = tmp_path / ("deploy-local" if target == "local" else "deploy-remote")
+
+    provisioned = lab.fab(*provision_args(target, sshd)).stdout
+    assert "next: fab deploy" in provisioned
+    state = lab.state()
+    assert state["target"] == target and len(state["hosts"]) == 1
+    assert (lab.state_file.parent / "hosts.yml").exists(), "provision renders the inventory"
+
+    first = lab.fab("deploy").stdout
+    assert "Start tritonserver and wait until every model is READY" in first
+    assert changed_tasks(first), "the first deploy changes the host"
+
+    second = lab.fab("deploy").stdout
+    assert "deploy complete: no changes" in second
+    assert changed_tasks(second) == [], "nothing changed, so nothing may be reported as changed or restarted"
+
+    status = lab.fab("status").stdout
+    assert f"target: {target}" in status and "tritonserver: READY" in status and "api: healthy" in status
+    for model in model_names():
+        assert f"{model}: READY" in status
+    before = service_pids(lab)
+
+    # A changed model config (here: an image size limit) restarts Triton, and only Triton.
+    lab.extra_env["FABRIC_LAB_MODELS_MAX_PIXELS"] = "30000000"
+    third = lab.fab("deploy").stdout
+    assert "Copy the model repository" in changed_tasks(third) and "Restart tritonserver" in changed_tasks(third)
+    assert "Restart API" not in changed_tasks(third)
+    after = service_pids(lab)
+    assert after["tritonserver"] != before["tritonserver"] and after["api"] == before["api"]
+
+    logs = lab.fab("logs", "--service", "triton").stdout
+    assert "SMOKE WEIGHTS" in logs, "the server log says the weights are smoke weights"
+    assert "Uvicorn running" in lab.fab("logs", "--service", "api").stdout
+
+    bench = lab.fab("bench", "--quick").stdout
+    results = lab.results_dir / re.search(r"results: .*/([^/\s]+)\n", bench).group(1)
+    summary = json.loads((results / "summary.json").read_text())
+    assert sorted(summary["models"]) == sorted(BENCH_MODELS)
+    for model, rows in summary["models"].items():
+        assert [row["concurrency"] for row in rows] == [2, 4], model
+        for row in rows:
+            assert row["throughput"] > 0 and row["p50_us"] > 0 and row["p99_us"] >= row["p50_us"], (model, row)
+    assert summary["smoke_weights"] is True and summary["best"]["model"] in BENCH_MODELS
+    host = next(iter(summary["hosts"].values()))
+    assert host["facts"]["triton"]["version"] == "2.51.0" and host["facts"]["torch"]["version"]
+    assert sorted(host["configs"]) == model_names(), "the model configs as deployed are kept"
+    assert "max_pixels" in (results / "hosts" / summary["host"] / "configs" / "food_classifier.pbtxt").read_text()
+    assert all(command.startswith("perf_analyzer -m ") for command in summary["commands"].values())
+    report = (results / "report.md").read_text()
+    assert "SMOKE WEIGHTS" in report and "Best configuration" in report and "| concurrency |" in report
+    for plot in ("throughput.png", "latency.png"):
+        assert (results / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    torn_down = lab.fab("teardown").stdout
+    assert "teardown complete" in torn_down
+    assert lab.state() is None and not (lab.state_file.parent / "hosts.yml").exists()
+    assert our_processes(deploy_dir) == [], "a process of ours survived teardown"
+    assert not deploy_dir.exists(), "teardown removes what deploy put on the host"
+    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
+    assert (results / "summary.json").exists(), "teardown keeps the results"
+    assert "nothing to tear down" in lab.fab("teardown").stdout, "teardown is safe to run twice"
