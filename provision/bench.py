@@ -22,7 +22,6 @@ from provision.perf import PerfRun, write_input_json
 from provision.report import write_report
 
 
-
 def results_root(settings: dict) -> Path:
     path = Path(settings.get("results_dir") or "results")
     return path if path.is_absolute() else config.PROJECT_ROOT / path

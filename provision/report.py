@@ -68,7 +68,9 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
     figure.savefig(results / "throughput.png", dpi=110)
     plt.close(figure)
 
-    figure, panels = plt.subplots(1, len(models), figsize=(4 * len(models), 4), squeeze=False)  # own y scales: the ensemble is far slower
+    figure, panels = plt.subplots(
+        1, len(models), figsize=(4 * len(models), 4), squeeze=False
+    )  # own y scales: the ensemble is far slower
     for panel, (model, rows) in zip(panels[0], models.items()):
         concurrency = [r["concurrency"] for r in rows]
         for percentile in ("p50", "p90", "p95", "p99"):

@@ -55,8 +55,13 @@ class Lab:
 
     def popen_fab(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [FAB, *args], cwd=PROJECT_ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+            [FAB, *args],
+            cwd=PROJECT_ROOT,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
 
     def state(self) -> dict | None:

@@ -19,7 +19,13 @@ from provision.background import port_is_free
 from provision.model_repo import model_names
 
 PORT_NAMES = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
-BENCH_MODELS = ["food_classifier", "gpu_food_classifier", "batching_food_classifier", "multigpu_food_classifier", "ensemble"]
+BENCH_MODELS = [
+    "food_classifier",
+    "gpu_food_classifier",
+    "batching_food_classifier",
+    "multigpu_food_classifier",
+    "ensemble",
+]
 
 
 @pytest.fixture(scope="module")
