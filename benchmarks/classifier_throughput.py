@@ -1,0 +1,457 @@
+"""Food-11 classifier throughput: the raw in-process pipeline vs Triton-served, side by side.
+
+One run on the local target measures, with smoke weights generated on the spot:
+
+  raw        the classifier's own Triton code (model.py's execute(), which runs
+             decoding + preprocessing + forward) called in this process, with
+             the model config Triton passes it and the same torch thread
+             count, on dynamic batches of 1, 4, 8 and 16 requests: images/s;
+  served     perf_analyzer against a tritonserver this script starts on free
+             ports: batching_food_classifier and food_classifier at
+             concurrency 1, 8 and 16: infer/s (one image per request);
+  ratios     served/raw (batching at concurrency 8 over the best raw batch)
+             and batching/no-batching (at concurrency 8 and 16);
+  preprocess ms per image from a base64 JPEG to the normalised network input,
+             small (512x384) and phone-sized (4000x3000), the seed's path
+             (PIL decode, Resize(256), CenterCrop(224), ToTensor, Normalize)
+             vs the classifier's own.
+
+--baseline-ref REV also serves and runs the model code of git revision REV
+(e.g. the commit before a change) in the same server and the same run, so a
+before/after comparison sees the same machine load. Both versions are
+rendered with this tree's settings; the baseline's models are served under
+the prefix `baseline_`.
+
+The machine is shared and noisy: the load average is printed before and
+after, and perf_analyzer accepts its first windows (as tests/test_perf_analyzer.py
+does) instead of waiting for a stability it may never see.
+
+    .venv/bin/python benchmarks/classifier_throughput.py
+    .venv/bin/python benchmarks/classifier_throughput.py --baseline-ref 11c7b03
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import io
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT_ROOT))
+
+from provision import config, sample_images, smoke_weights  # noqa: E402
+from provision.local_triton import TritonProcess, TritonRuntime, perf_analyzer_env  # noqa: E402
+from provision.model_repo import RenderValues, render  # noqa: E402
+from provision.perf import PerfRun, parse_csv, write_input_json  # noqa: E402
+
+BATCHING = "batching_food_classifier"
+NO_BATCHING = "food_classifier"
+MODELS = (BATCHING, NO_BATCHING)
+RAW_BATCH_SIZES = (1, 4, 8, 16)
+CONCURRENCIES = (1, 8, 16)
+BASELINE_PREFIX = "baseline_"
+MODEL_MODULES = ("model", "food11", "serving_common", "triton_python_backend_utils")
+
+
+# --------------------------------------------------------------------------- the raw pipeline
+
+
+def fake_triton_utils() -> types.ModuleType:
+    """The little of triton_python_backend_utils that the classifier's model.py uses.
+
+    With it, model.py's initialize() and execute() run in this process exactly
+    as in a Triton stub, minus Triton's shared-memory transport and HTTP.
+    """
+    module = types.ModuleType("triton_python_backend_utils")
+
+    class Tensor:
+        def __init__(self, name, array):
+            self._name, self._array = name, array
+
+        def name(self):
+            return self._name
+
+        def as_numpy(self):
+            return self._array
+
+    class InferenceRequest:
+        def __init__(self, inputs):
+            self.inputs = {tensor.name(): tensor for tensor in inputs}
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=(), error=None):
+            self.output_tensors, self.error = list(output_tensors), error
+
+        def has_error(self):
+            return self.error is not None
+
+    class TritonError(Exception):
+        INVALID_ARG = 3
+
+        def __init__(self, message, code=None):
+            super().__init__(message)
+            self.code = code
+
+        def message(self):
+            return str(self)
+
+    class Logger:
+        @staticmethod
+        def log_info(message):
+            pass
+
+        log_warn = log_error = log_verbose = log_info
+
+    module.Tensor = Tensor
+    module.InferenceRequest = InferenceRequest
+    module.InferenceResponse = InferenceResponse
+    module.TritonError = TritonError
+    module.Logger = Logger
+    module.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
+    return module
+
+
+def load_model_code(version_dir: Path) -> types.ModuleType:
+    """Import model.py (and its food11, serving_common) from one rendered version folder."""
+    for name in MODEL_MODULES:
+        sys.modules.pop(name, None)
+    sys.modules["triton_python_backend_utils"] = fake_triton_utils()
+    sys.path.insert(0, str(version_dir))
+    try:
+        return importlib.import_module("model")
+    finally:
+        sys.path.remove(str(version_dir))
+
+
+def raw_throughput(version_dir: Path, model_config: dict, images_b64: list[bytes], seconds: float) -> dict:
+    """images/s of model.py's execute() on dynamic batches of RAW_BATCH_SIZES one-image requests."""
+    import torch
+
+    module = load_model_code(version_dir)
+    utils = sys.modules["triton_python_backend_utils"]
+    model = module.TritonPythonModel()
+    model.initialize(
+        {
+            "model_config": json.dumps(model_config),
+            "model_name": model_config["name"],
+            "model_instance_kind": "CPU",
+            "model_instance_device_id": "0",
+            "model_instance_name": f"{model_config['name']}_raw",
+        }
+    )
+    result = {"torch_threads": torch.get_num_threads(), "images_per_s": {}}
+    for batch_size in RAW_BATCH_SIZES:
+        requests = [
+            utils.InferenceRequest(
+                [utils.Tensor("INPUT_IMAGE", np.array([[images_b64[i % len(images_b64)]]], dtype=np.object_))]
+            )
+            for i in range(batch_size)
+        ]
+        responses = model.execute(requests)  # warm-up, and a check that the answers are answers
+        failed = [r.error for r in responses if r.error is not None]
+        if failed:
+            raise RuntimeError(f"raw execute() failed: {failed[0]}")
+        calls, start = 0, time.perf_counter()
+        while True:
+            model.execute(requests)
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds and calls >= 3:
+                break
+        result["images_per_s"][batch_size] = calls * batch_size / elapsed
+    if hasattr(model, "finalize"):
+        model.finalize()
+    return result
+
+
+# --------------------------------------------------------------------------- preprocessing
+
+
+def seed_preprocess(item_b64: bytes):
+    """The seed's path: PIL decode, Resize(256), CenterCrop(224), ToTensor, Normalize."""
+    from PIL import Image
+    from torchvision import transforms
+
+    transform = transforms.Compose(
+        [
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    image = Image.open(io.BytesIO(base64.b64decode(item_b64))).convert("RGB")
+    return transform(image).unsqueeze(0)
+
+
+def ours_preprocess(classifier, item_b64: bytes):
+    """The classifier's own path from a base64 item to its network input batch."""
+    if hasattr(classifier, "prepare_batch"):
+        batch, errors = classifier.prepare_batch([item_b64])
+        if errors[0] is not None:
+            raise errors[0]
+        return batch
+    # Model code without prepare_batch (the seed's): its model.py decodes and preprocesses per item.
+    from serving_common import decode_image
+
+    return classifier.preprocess(decode_image(item_b64)).unsqueeze(0)
+
+
+def time_per_call(function, seconds: float, minimum_calls: int = 3) -> float:
+    """Median seconds per call over repeated calls (after one warm-up call)."""
+    function()
+    times, deadline = [], time.perf_counter() + seconds
+    while len(times) < minimum_calls or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def preprocessing_times(version_dir: Path, weights: Path, seconds: float) -> dict:
+    """ms per image, seed path vs the classifier's, for a small and a phone-sized JPEG."""
+    load_model_code(version_dir)
+    food11 = sys.modules["food11"]
+    classifier = food11.Food11Classifier(weights)
+    times = {}
+    for name, size in (("small 512x384", sample_images.SMALL), ("phone 4000x3000", sample_images.PHONE)):
+        item = sample_images.b64(sample_images.jpeg(size, seed=3))
+        times[name] = {
+            "seed_ms": 1000 * time_per_call(lambda item=item: seed_preprocess(item), seconds),
+            "ours_ms": 1000 * time_per_call(lambda item=item: ours_preprocess(classifier, item), seconds),
+        }
+    return times
+
+
+# --------------------------------------------------------------------------- serving
+
+
+@dataclass
+class Version:
+    """One version of the model code: where its source is and under which names it is served."""
+
+    label: str
+    source: Path
+    prefix: str = ""
+    results: dict = field(default_factory=dict)
+
+    def served_name(self, model: str) -> str:
+        return self.prefix + model
+
+
+def extract_revision(revision: str, destination: Path) -> Path:
+    """model_repository/ as it was at a git revision (links kept), under destination."""
+    destination.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(PROJECT_ROOT), "archive", revision, "model_repository"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(destination)], input=archive, check=True)
+    return destination / "model_repository"
+
+
+def render_versions(versions: list[Version], values: RenderValues, repository: Path, scratch: Path) -> None:
+    """Render every version and put its two classifier models into one servable repository."""
+    repository.mkdir(parents=True)
+    for index, version in enumerate(versions):
+        rendered = scratch / f"rendered-{index}"
+        render(rendered, values, source=version.source)
+        for model in MODELS:
+            target = repository / version.served_name(model)
+            shutil.copytree(rendered / model, target)
+            config_file = target / "config.pbtxt"
+            text = config_file.read_text()
+            config_file.write_text(re.sub(r'^name: ".*"$', f'name: "{target.name}"', text, count=1, flags=re.M))
+
+
+def model_config(server: TritonProcess, model: str) -> dict:
+    """The model config as JSON: what Triton hands to initialize()."""
+    with urllib.request.urlopen(f"{server.url}/v2/models/{model}/config", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def served_throughput(
+    server: TritonProcess, model: str, input_json: Path, work: Path, interval_ms: int, env: dict
+) -> dict[int, float]:
+    """infer/s of one model at CONCURRENCIES (one perf_analyzer run each)."""
+    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")  # from the tritonclient wheel
+    throughput = {}
+    for concurrency in CONCURRENCIES:
+        run = PerfRun(
+            model=model,
+            url=f"{server.host}:{server.http_port}",
+            input_json=input_json,
+            csv_path=work / f"{model}-c{concurrency}.csv",
+            concurrency_range=f"{concurrency}:{concurrency}:1",
+            measurement_interval_ms=interval_ms,
+            # Noisy shared machine: accept the first windows (perf_analyzer averages the last three).
+            stability_percentage=999,
+            max_trials=3,
+        )
+        run.run(perf_analyzer, env=env, timeout_s=300)
+        (row,) = parse_csv(run.csv_path)
+        throughput[concurrency] = row["throughput"]
+    return throughput
+
+
+# --------------------------------------------------------------------------- report
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def print_report(versions: list[Version], notes: list[str]) -> None:
+    width = 24
+    labels = [version.label for version in versions]
+    print()
+    print("Food-11 classifier throughput (smoke weights, one 512x384 JPEG per request)")
+    for note in notes:
+        print(f"  {note}")
+    print()
+    print(f"{'':<{width}}" + "".join(f"{label:>22}" for label in labels))
+    print(f"{'torch threads':<{width}}" + "".join(f"{v.results['raw']['torch_threads']:>22}" for v in versions))
+    for batch_size in RAW_BATCH_SIZES:
+        row = f"raw batch {batch_size:<2} img/s"
+        print(f"{row:<{width}}" + "".join(f"{v.results['raw']['images_per_s'][batch_size]:>22.1f}" for v in versions))
+    for model in MODELS:
+        for concurrency in CONCURRENCIES:
+            row = f"{model.replace('_food_classifier', '')} c={concurrency} infer/s"
+            print(f"{row:<{width}}" + "".join(f"{v.results['served'][model][concurrency]:>22.1f}" for v in versions))
+    print()
+    for version in versions:
+        raw = version.results["raw"]["images_per_s"]
+        served = version.results["served"]
+        best_batch = max(raw, key=raw.get)
+        ratios = {
+            "served/raw (batching c=8 / best raw)": served[BATCHING][8] / raw[best_batch],
+            "batching/no-batching c=8": served[BATCHING][8] / served[NO_BATCHING][8],
+            "batching/no-batching c=16": served[BATCHING][16] / served[NO_BATCHING][16],
+        }
+        version.results["ratios"] = ratios
+        print(f"{version.label}: best raw batch {best_batch} ({raw[best_batch]:.1f} img/s)")
+        for name, value in ratios.items():
+            print(f"  {name:<40} {value:6.2f}")
+    print()
+    for version in versions:
+        print(f"preprocessing, ms per image ({version.label}'s code):")
+        print(f"  {'image':<18}{'seed path':>12}{'ours':>12}{'speed-up':>10}")
+        for name, times in version.results["preprocess"].items():
+            print(
+                f"  {name:<18}{times['seed_ms']:>12.2f}{times['ours_ms']:>12.2f}"
+                f"{times['seed_ms'] / times['ours_ms']:>9.1f}x"
+            )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline-ref", help="also measure the model code of this git revision, side by side")
+    parser.add_argument("--interval-ms", type=int, default=3000, help="perf_analyzer measurement window (ms)")
+    parser.add_argument("--raw-seconds", type=float, default=4.0, help="time per raw batch size (s)")
+    parser.add_argument("--preprocess-seconds", type=float, default=2.0, help="time per preprocessing figure (s)")
+    parser.add_argument("--images", type=int, default=8, help="distinct 512x384 JPEGs cycled through")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (repository, CSVs, log)")
+    args = parser.parse_args(argv)
+
+    runtime = TritonRuntime(config.runtime_dir() / "triton")
+    if not runtime.manifest.exists():
+        sys.exit("no Triton runtime in .runtime/triton: run `make runtime` first")
+
+    scratch = Path(tempfile.mkdtemp(prefix="classifier-bench-"))
+    server = None
+    notes = [f"host: {os.cpu_count()} CPUs; before: {load_average()}"]
+    try:
+        smoke_weights.generate(scratch / "weights")
+        food11_weights = scratch / "weights" / smoke_weights.FOOD11_FILE
+        values = RenderValues.from_settings(
+            0, str(food11_weights), str(scratch / "weights" / smoke_weights.BLIP_FOLDER), config.defaults()
+        )
+        versions = [Version("current tree", config.MODEL_REPOSITORY)]
+        if args.baseline_ref:
+            source = extract_revision(args.baseline_ref, scratch / "baseline-source")
+            versions.insert(0, Version(f"baseline {args.baseline_ref}", source, prefix=BASELINE_PREFIX))
+        repository = scratch / "models"
+        render_versions(versions, values, repository, scratch)
+
+        http_port, grpc_port, metrics_port = _free_ports(3)
+        server = TritonProcess(
+            runtime_root=runtime.root,
+            model_repository=repository,
+            state_dir=scratch / "run",
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+        )
+        print(f"starting tritonserver on port {http_port} ({load_average()}) ...", flush=True)
+        server.start([v.served_name(m) for v in versions for m in MODELS], timeout_s=300)
+
+        images = [sample_images.b64(sample_images.jpeg(seed=seed)) for seed in range(args.images)]
+        input_json = write_input_json(scratch / "input.json", images)
+        env = perf_analyzer_env(runtime.root)
+
+        for version in versions:
+            version_dir = repository / version.served_name(BATCHING) / "1"
+            print(f"[{version.label}] raw pipeline ({load_average()}) ...", flush=True)
+            version.results["raw"] = raw_throughput(
+                version_dir, model_config(server, version.served_name(BATCHING)), images, args.raw_seconds
+            )
+            print(f"[{version.label}] preprocessing ({load_average()}) ...", flush=True)
+            version.results["preprocess"] = preprocessing_times(version_dir, food11_weights, args.preprocess_seconds)
+        for version in versions:
+            version.results["served"] = {}
+            for model in MODELS:
+                print(f"[{version.label}] perf_analyzer {model} ({load_average()}) ...", flush=True)
+                version.results["served"][model] = served_throughput(
+                    server, version.served_name(model), input_json, scratch, args.interval_ms, env
+                )
+        notes.append(f"after: {load_average()}")
+        print_report(versions, notes)
+        if args.json:
+            args.json.write_text(
+                json.dumps({"notes": notes, "versions": {v.label: v.results for v in versions}}, indent=2) + "\n"
+            )
+    finally:
+        if server is not None:
+            server.stop()
+        if args.keep:
+            print(f"scratch kept in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
