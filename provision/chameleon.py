@@ -1,0 +1,669 @@
+"""Our small interface to Chameleon Cloud: the only module that imports python-chi (`chi`).
+
+Everything the chameleon target does with the cloud goes through `ChameleonCloud`,
+whose methods take and return plain values (ids, addresses, dicts of our own), so
+the stage logic in provision/targets/chameleon.py never sees a python-chi object
+and python-chi's quirks are handled here, once. python-chi 1.2.10 pitfalls met
+(see ../shared/REFERENCE.md section 2) and what this module does about them:
+
+- `pip install python-chi` does not bring blazarclient, so `chi.lease` fails to
+  import: the project depends on python-blazarclient, and a missing one is
+  reported with the command that installs it.
+- Credentials are read from the environment when `chi` is imported: we check
+  them first (`check_credentials`, naming the missing or wrong variable) and call
+  `chi.context.reset()` so the environment of *this* call is used.
+  `chi.use_site()` is not used: it fetches sites.json from the internet, forces
+  port 5000, and on failure only prints and returns. The RC file's OS_AUTH_URL
+  and OS_REGION_NAME already say which site.
+- `Lease.submit()` swallows the API's error ("Not enough hosts available", a name
+  conflict) into `ResourceError("Unable to make lease")` and only logs the
+  reason: we build the reservations with `chi.lease.Lease` but send them with
+  `chi.blazar().lease.create()`, which raises with Blazar's own message.
+- `Lease.wait()` / `Server.wait()` return normally when the resource goes to
+  ERROR, print to stdout and sleep 5 s between polls: we poll ourselves,
+  treat ERROR as a failure and report elapsed time and status changes.
+- `Server.submit(show="widget")` (the default) raises after the server was
+  created outside Jupyter: we pass `show=None`, `wait_for_active=False`.
+- `Server.submit()` does not return the new server's id and python-chi finds
+  servers by name (several with one name break it): names are derived from the
+  user and unique, we look the id up once and then use ids only.
+- `Server(key_name=...)` accepts a key pair that does not exist (the server
+  then fails): `ensure_keypair` runs first.
+- `associate_floating_ip(port_id=...)` never associates (it always raises), and
+  without port_id it hides Neutron's error: we find the server's port and bind
+  the address with `chi.network.bind_floating_ip`, which raises the real error.
+- `Server.delete(delete_ips=True)` (the default) deletes floating IPs through a
+  wrong URL and leaks them silently: we delete with `delete_ips=False` and
+  release an ad-hoc IP with `chi.network.deallocate_floating_ip`. An IP that a
+  lease reserved is never deallocated: Blazar takes it back with the lease.
+- `chi.network.get_free_floating_ip()` hands out *any* unattached IP of the
+  project, possibly another user's: we never use it.
+- `chi.hardware` (next free slot) calls `host.list_allocations()`, which
+  blazarclient 4.6 lacks: we read `allocation.list("os-hosts")` ourselves.
+- The deprecated functional helpers (`chi.lease.wait_for_active`,
+  `get_node_reservation`) raise in 1.2.x: not used.
+
+Credentials never leave the environment: nothing here writes them anywhere, and
+error messages name variables, never their values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
+
+Progress = Callable[[str], None]
+
+# Where users get credentials, per site (the site's own dashboard).
+DASHBOARDS = {
+    "CHI@TACC": "https://chi.tacc.chameleoncloud.org",
+    "CHI@UC": "https://chi.uc.chameleoncloud.org",
+    "KVM@TACC": "https://kvm.tacc.chameleoncloud.org",
+}
+
+LEASE_TERMINAL = {"TERMINATED", "DELETED", "ERROR"}
+
+
+class ChameleonError(RuntimeError):
+    """Something on Chameleon did not work; the message says what and what to do."""
+
+
+class CredentialsError(ChameleonError):
+    """A credential variable is missing or wrong; the message names it and where to get it."""
+
+
+class NoHostsError(ChameleonError):
+    """No node of the requested type is free for the requested time."""
+
+    def __init__(self, message: str, next_free: datetime | None = None):
+        super().__init__(message)
+        self.next_free = next_free
+
+
+def where_to_get_credentials(site: str) -> str:
+    dashboard = DASHBOARDS.get(site, "the dashboard of your site")
+    return (
+        f"get them from the Chameleon web UI of {site} ({dashboard}): Identity > Application Credentials > "
+        "Create Application Credential, download the openrc file it offers and `source` it "
+        "(or Project > API Access > Download OpenStack RC File)"
+    )
+
+
+# What each OS_AUTH_TYPE needs besides OS_AUTH_URL and OS_REGION_NAME.
+# Alternatives are tuples: one of them must be set.
+_NEEDS = {
+    "v3applicationcredential": [
+        ("OS_APPLICATION_CREDENTIAL_ID", "OS_APPLICATION_CREDENTIAL_NAME"),
+        ("OS_APPLICATION_CREDENTIAL_SECRET",),
+    ],
+    "v3token": [("OS_TOKEN",), ("OS_PROJECT_ID", "OS_PROJECT_NAME")],
+    "v3password": [("OS_USERNAME",), ("OS_PASSWORD",), ("OS_PROJECT_ID", "OS_PROJECT_NAME")],
+    "v3oidcpassword": [
+        ("OS_USERNAME",),
+        ("OS_PASSWORD",),
+        ("OS_PROJECT_ID", "OS_PROJECT_NAME"),
+        ("OS_IDENTITY_PROVIDER",),
+        ("OS_PROTOCOL",),
+        ("OS_CLIENT_ID",),
+        ("OS_DISCOVERY_ENDPOINT",),
+    ],
+}
+_ALIASES = {"password": "v3password", "token": "v3token", "applicationcredential": "v3applicationcredential"}
+
+
+def check_credentials(environ: Mapping[str, str], site: str) -> dict:
+    """Check the OpenStack variables for `site`; return a summary without secrets.
+
+    Raise CredentialsError naming the first missing or wrong variable. Nothing is
+    sent to the cloud here: a wrong secret shows at the first call (see `connect`).
+    """
+    get = lambda name: (environ.get(name) or "").strip()  # noqa: E731
+    where = where_to_get_credentials(site)
+    auth_type = get("OS_AUTH_TYPE")
+    if not auth_type:
+        if get("OS_APPLICATION_CREDENTIAL_ID") or get("OS_APPLICATION_CREDENTIAL_SECRET"):
+            raise CredentialsError(
+                "OS_AUTH_TYPE is not set but an application credential is: set OS_AUTH_TYPE=v3applicationcredential "
+                f"(the openrc file of an application credential does); {where}"
+            )
+        if not get("OS_AUTH_URL"):
+            raise CredentialsError(
+                "no Chameleon credentials in the environment: set OS_AUTH_TYPE=v3applicationcredential, OS_AUTH_URL, "
+                f"OS_REGION_NAME, OS_APPLICATION_CREDENTIAL_ID and OS_APPLICATION_CREDENTIAL_SECRET; {where}"
+            )
+        auth_type = "v3token"  # python-chi's default
+    auth_type = _ALIASES.get(auth_type, auth_type)
+    if auth_type not in _NEEDS:
+        raise CredentialsError(
+            f"OS_AUTH_TYPE={auth_type} is not supported here: use one of {', '.join(_NEEDS)}; {where}"
+        )
+    auth_url = get("OS_AUTH_URL")
+    if not auth_url:
+        raise CredentialsError(
+            f"OS_AUTH_URL is not set (e.g. {DASHBOARDS.get(site, 'https://<site>')}:5000/v3); {where}"
+        )
+    if not auth_url.startswith(("http://", "https://")) or not auth_url.rstrip("/").endswith("/v3"):
+        raise CredentialsError(f"OS_AUTH_URL={auth_url} is not a Keystone v3 URL (https://<site>:5000/v3); {where}")
+    region = get("OS_REGION_NAME")
+    if not region:
+        raise CredentialsError(f"OS_REGION_NAME is not set: set it to the site, e.g. OS_REGION_NAME={site}; {where}")
+    if region != site:
+        raise CredentialsError(
+            f"OS_REGION_NAME={region} but the site to use is {site}: credentials belong to one site; "
+            f"use the openrc file of {site}, or choose --site {region}; {where}"
+        )
+    for alternatives in _NEEDS[auth_type]:
+        if not any(get(name) for name in alternatives):
+            names = " or ".join(alternatives)
+            raise CredentialsError(f"{names} is not set (needed with OS_AUTH_TYPE={auth_type}); {where}")
+    return {"auth_type": auth_type, "auth_url": auth_url, "region": region}
+
+
+def _http_code(error: BaseException) -> int | None:
+    """The HTTP status of an error from any of the OpenStack clients, if it has one."""
+    kwargs = getattr(error, "kwargs", None)
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("code"), int):
+        return kwargs["code"]  # blazarclient keeps the real code there
+    for attribute in ("http_status", "status_code", "code"):
+        value = getattr(error, attribute, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _utc(text: str) -> datetime:
+    """A Blazar date ('%Y-%m-%dT%H:%M:%S.%f', UTC) as an aware datetime."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc)
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
+
+
+class ChameleonCloud:
+    """One site of Chameleon, through python-chi, with the credentials of the environment."""
+
+    def __init__(self, site: str, poll_interval_s: float = 10, progress_every_s: float = 60):
+        self.site = site
+        self.poll_interval_s = poll_interval_s
+        self.progress_every_s = progress_every_s
+        self.credentials = check_credentials(os.environ, site)
+        # Without logging configured, Python prints warnings through its
+        # last-resort handler: keep python-chi's deprecation notices, the
+        # auth plugins stevedore cannot load (SAML, unused) and the lease
+        # errors python-chi logs and swallows off the terminal; we report
+        # errors ourselves.
+        for name in ("neutronclient.v2_0.client", "chi", "keystoneauth", "openstack", "stevedore.extension"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        try:
+            import chi
+            import chi.lease
+            import chi.network
+            import chi.server
+        except ImportError as error:
+            if "blazarclient" in str(error):
+                raise ChameleonError(
+                    "python-chi needs blazarclient for leases and does not install it: "
+                    "run `.venv/bin/pip install python-blazarclient`"
+                ) from None
+            raise ChameleonError(f"python-chi is not installed ({error}): run `make` (or pip install -e .)") from None
+        self.chi = chi
+        chi.context.reset()  # re-read OS_* now: `import chi` read them once, maybe earlier
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _call(self, what: str, function, *args, **kwargs):
+        """Run one cloud call; turn client errors into ChameleonError with a readable message."""
+        from keystoneauth1 import exceptions as ksa
+
+        try:
+            return function(*args, **kwargs)
+        except ChameleonError:
+            raise
+        except ksa.ConnectFailure as error:
+            raise ChameleonError(
+                f"{what}: cannot reach the cloud ({error}); check OS_AUTH_URL and your network"
+            ) from None
+        except Exception as error:
+            code = _http_code(error)
+            if code == 401 or isinstance(error, ksa.Unauthorized):
+                raise CredentialsError(
+                    f"{what}: the cloud refused the credentials (OS_APPLICATION_CREDENTIAL_ID/SECRET or token expired, "
+                    f"deleted or for another site?); {where_to_get_credentials(self.site)}"
+                ) from None
+            if isinstance(error, ksa.EndpointNotFound):
+                raise ChameleonError(
+                    f"{what}: {self.site} offers no such service ({error}); check OS_REGION_NAME"
+                ) from None
+            raise ChameleonError(f"{what}: {error}") from error
+
+    def _wait(
+        self,
+        what: str,
+        fetch,
+        ready: Callable[[str], bool],
+        failed: Callable[[str], bool],
+        timeout_s: float,
+        progress: Progress,
+    ):
+        """Poll `fetch()` -> (status, details) until ready; report status changes and elapsed time."""
+        start = time.monotonic()
+        last_status, last_report = None, start
+        while True:
+            status, details = fetch()
+            elapsed = time.monotonic() - start
+            if status != last_status:
+                progress(f"{what}: {status} ({_elapsed(elapsed)} elapsed)")
+                last_status, last_report = status, time.monotonic()
+            elif time.monotonic() - last_report >= self.progress_every_s:
+                progress(f"{what}: still {status} ({_elapsed(elapsed)} elapsed)")
+                last_report = time.monotonic()
+            if ready(status):
+                return details
+            if failed(status):
+                raise ChameleonError(
+                    f"{what} went to {status}" + (f": {details}" if isinstance(details, str) and details else "")
+                )
+            if elapsed >= timeout_s:
+                raise ChameleonError(
+                    f"{what} is still {status} after {_elapsed(elapsed)} (timeout {_elapsed(timeout_s)})"
+                )
+            time.sleep(self.poll_interval_s)
+
+    # -- identity -------------------------------------------------------------
+
+    def user_name(self) -> str:
+        """The Keystone user name behind the credentials (authenticates: wrong ones fail here)."""
+        session = self._call("authenticating", self.chi.session)
+        inner = getattr(session, "session", session)
+        access = self._call("authenticating", inner.auth.get_access, inner)
+        return access.username or access.user_id
+
+    # -- key pairs ------------------------------------------------------------
+
+    def ensure_keypair(self, name: str, public_key: str) -> bool:
+        """Make sure key pair `name` holds `public_key`; True if it was uploaded now.
+
+        A pair of that name with another key is an error, never replaced: it may
+        be the key of the user's other work.
+        """
+        from novaclient.exceptions import NotFound
+
+        nova = self.chi.nova()
+        try:
+            existing = nova.keypairs.get(name)
+        except NotFound:
+            self._call(f"uploading key pair {name}", nova.keypairs.create, name, public_key=public_key, key_type="ssh")
+            return True
+        except Exception as error:
+            self._call(f"looking up key pair {name}", _raise, error)
+        wanted = self.chi.util.sshkey_fingerprint(public_key)
+        if existing.fingerprint != wanted:
+            raise ChameleonError(
+                f"key pair {name} on {self.site} holds another public key (fingerprint {existing.fingerprint}, yours "
+                f"{wanted}): choose another key pair name (--key-name) or delete that pair (web UI > Compute > Key Pairs)"
+            )
+        return False
+
+    def keypair_exists(self, name: str) -> bool:
+        return any(k.name == name for k in self._call("listing key pairs", self.chi.nova().keypairs.list))
+
+    # -- leases ---------------------------------------------------------------
+
+    @staticmethod
+    def _lease_view(body: dict) -> dict:
+        reservations = body.get("reservations") or []
+        node = [r for r in reservations if r.get("resource_type") == "physical:host"]
+        fip = [r for r in reservations if r.get("resource_type") == "virtual:floatingip"]
+        return {
+            "id": body["id"],
+            "name": body["name"],
+            "status": body["status"],
+            "start": _utc(body["start_date"]).isoformat(),
+            "end": _utc(body["end_date"]).isoformat(),
+            "node_reservation_id": node[0]["id"] if node else None,
+            "fip_reservation_id": fip[0]["id"] if fip else None,
+        }
+
+    def find_lease(self, name: str) -> dict | None:
+        """Our live (not TERMINATED) lease called `name`, if any: finds a lease whose id was never saved."""
+        leases = self._call("listing leases", self.chi.blazar().lease.list)
+        live = [lease for lease in leases if lease["name"] == name and lease["status"] not in ("TERMINATED", "DELETED")]
+        if len(live) > 1:
+            raise ChameleonError(
+                f"{len(live)} leases are called {name}: delete the extra ones in the web UI (Reservations > Leases)"
+            )
+        return self._lease_view(live[0]) if live else None
+
+    def create_lease(
+        self, name: str, node_type: str, count: int, hours: float, reserve_floating_ip: bool = True
+    ) -> dict:
+        """Reserve `count` nodes of `node_type` (and a floating IP per node) from now for `hours`.
+
+        Raise NoHostsError (with the next free slot when Blazar can tell) if no node is free.
+        """
+        from blazarclient.exception import BlazarClientException
+
+        lease = self.chi.lease.Lease(name, duration=timedelta(hours=hours))
+        self._call("preparing the lease", lease.add_node_reservation, amount=count, node_type=node_type)
+        if reserve_floating_ip:
+            self._call("preparing the lease", lease.add_fip_reservation, amount=count)
+        reservations = lease.node_reservations + lease.fip_reservations
+        try:
+            body = self.chi.blazar().lease.create(
+                name=name, start=lease.start_date, end=lease.end_date, reservations=reservations, events=[]
+            )
+        except BlazarClientException as error:
+            message = str(error).removeprefix("ERROR: ")
+            if "not enough" in message.lower() and "available" in message.lower():
+                raise self.no_hosts(node_type, count, hours, message) from None
+            if _http_code(error) == 401:
+                self._call("creating the lease", _raise, error)
+            raise ChameleonError(f"creating lease {name} on {self.site} failed: {message}") from None
+        except Exception as error:
+            self._call("creating the lease", _raise, error)
+        return self._lease_view(body)
+
+    def no_hosts(self, node_type: str, count: int, hours: float, reason: str) -> NoHostsError:
+        """The error for "no node free", with what the user can do."""
+        next_free = None
+        try:
+            next_free = self.next_free_slot(node_type, count, hours)
+        except ChameleonError:
+            pass  # the advice below stands without it
+        when = (
+            f" Blazar's calendar shows the next free slot for {count} x {node_type} for {hours:g} h at "
+            f"{next_free:%Y-%m-%d %H:%M} UTC."
+            if next_free
+            else ""
+        )
+        return NoHostsError(
+            f"no {node_type} node is free at {self.site} for {hours:g} h ({reason}).{when} What you can do: try later "
+            f"or a shorter lease (--hours), another node type (--node-type, e.g. gpu_p100_nvlink), or another site "
+            f"(--site, with that site's credentials); the calendar is in the web UI under Reservations > Leases > Host Calendar.",
+            next_free,
+        )
+
+    def next_free_slot(self, node_type: str, count: int, hours: float) -> datetime | None:
+        """When `count` hosts of `node_type` are next free together for `hours`, per Blazar's allocations."""
+        blazar = self.chi.blazar()
+        hosts = [h for h in self._call("listing hosts", blazar.host.list) if h.get("node_type") == node_type]
+        if len(hosts) < count:
+            return None
+        allocations = {
+            a["resource_id"]: a["reservations"]
+            for a in self._call("listing allocations", blazar.allocation.list, "os-hosts")
+        }
+        now = datetime.now(timezone.utc)
+        length = timedelta(hours=hours)
+        starts = []
+        for host in hosts:
+            busy = sorted((_utc(r["start_date"]), _utc(r["end_date"])) for r in allocations.get(host["id"], []))
+            start = now
+            for busy_start, busy_end in busy:
+                if busy_end <= start:
+                    continue
+                if start + length <= busy_start:
+                    break
+                start = busy_end
+            starts.append(start)
+        # Approximate for count > 1: the count-th earliest host start (gaps of different hosts may not overlap).
+        return sorted(starts)[count - 1]
+
+    def lease(self, lease_id: str) -> dict | None:
+        """The lease, or None if the cloud no longer has it."""
+        from blazarclient.exception import BlazarClientException
+
+        try:
+            body = self.chi.blazar().lease.get(lease_id)
+        except BlazarClientException as error:
+            if _http_code(error) == 404:
+                return None
+            return self._call(f"reading lease {lease_id}", _raise, error)
+        except Exception as error:
+            return self._call(f"reading lease {lease_id}", _raise, error)
+        return self._lease_view(body)
+
+    def wait_lease_active(self, lease_id: str, timeout_s: float, progress: Progress) -> dict:
+        """Wait until the lease is ACTIVE; raise ChameleonError if it goes to ERROR, ends or vanishes."""
+
+        def fetch():
+            lease = self.lease(lease_id)
+            return ("GONE", None) if lease is None else (lease["status"], lease)
+
+        return self._wait(
+            f"lease {lease_id}",
+            fetch,
+            lambda s: s == "ACTIVE",
+            lambda s: s in LEASE_TERMINAL | {"GONE"},
+            timeout_s,
+            progress,
+        )
+
+    def extend_lease(self, lease_id: str, hours: float) -> dict:
+        """Move the lease's end `hours` later (Chameleon allows it within 48 h of the end, if the node is free)."""
+        from blazarclient.exception import BlazarClientException
+
+        minutes = max(1, round(hours * 60))
+        try:
+            body = self.chi.blazar().lease.update(lease_id, prolong_for=f"{minutes}m")
+        except BlazarClientException as error:
+            message = str(error).removeprefix("ERROR: ")
+            if _http_code(error) == 401:
+                self._call("extending the lease", _raise, error)
+            raise ChameleonError(
+                f"{self.site} refused to extend lease {lease_id} by {hours:g} h: {message}. A lease can be extended "
+                "only within 48 h of its end and if no one reserved the node after it; try fewer hours, or "
+                "make a new lease after this one ends"
+            ) from None
+        except Exception as error:
+            self._call("extending the lease", _raise, error)
+        return self._lease_view(body)
+
+    def delete_lease(self, lease_id: str) -> None:
+        """Delete the lease (Blazar then frees its node and its reserved floating IPs). Already gone is fine."""
+        from blazarclient.exception import BlazarClientException
+
+        try:
+            self.chi.blazar().lease.delete(lease_id)
+        except BlazarClientException as error:
+            if _http_code(error) != 404:
+                self._call(f"deleting lease {lease_id}", _raise, error)
+        except Exception as error:
+            self._call(f"deleting lease {lease_id}", _raise, error)
+
+    def lease_exists(self, lease_id: str) -> bool:
+        return self.lease(lease_id) is not None
+
+    def reserved_floating_ips(self, fip_reservation_id: str) -> list[dict]:
+        """The floating IPs Blazar created for a floating-IP reservation (tagged reservation:<id>)."""
+        fips = self._call("listing floating IPs", self.chi.network.list_floating_ips)
+        tag = f"reservation:{fip_reservation_id}"
+        return [{"id": f["id"], "address": f["floating_ip_address"]} for f in fips if tag in (f.get("tags") or [])]
+
+    # -- servers ----------------------------------------------------------------
+
+    @staticmethod
+    def _server_view(server) -> dict:
+        fixed, floating = [], []
+        for addresses in (server.addresses or {}).values():
+            for address in addresses:
+                (floating if address.get("OS-EXT-IPS:type") == "floating" else fixed).append(address["addr"])
+        fault = getattr(server, "fault", None) or {}
+        return {
+            "id": server.id,
+            "name": server.name,
+            "status": server.status,
+            "fixed_ips": fixed,
+            "floating_ips": floating,
+            "fault": fault.get("message", "") if isinstance(fault, dict) else str(fault),
+        }
+
+    def find_server(self, name: str) -> dict | None:
+        """Our server called `name`, if any (finds a server whose id was never saved)."""
+        servers = [s for s in self._call("listing servers", self.chi.nova().servers.list) if s.name == name]
+        if len(servers) > 1:
+            raise ChameleonError(
+                f"{len(servers)} servers are called {name}: delete the extra ones in the web UI (Compute > Instances)"
+            )
+        return self._server_view(servers[0]) if servers else None
+
+    def create_server(
+        self, name: str, reservation_id: str, image: str, flavor: str, key_name: str, network: str
+    ) -> dict:
+        """Launch a bare-metal server on the node reservation; returns it (BUILD) once Nova has it."""
+        server = self._call(
+            f"preparing server {name} (image {image}, flavor {flavor}, network {network})",
+            self.chi.server.Server,
+            name,
+            reservation_id=reservation_id,
+            image_name=image,
+            flavor_name=flavor,
+            key_name=key_name,
+            network_name=network,
+        )
+        # show=None: the default "widget" raises outside Jupyter after the server exists.
+        self._call(f"creating server {name}", server.submit, wait_for_active=False, show=None, idempotent=True)
+        created = self.find_server(name)
+        if created is None:
+            raise ChameleonError(
+                f"Nova accepted server {name} but does not list it: check Compute > Instances in the web UI"
+            )
+        return created
+
+    def server(self, server_id: str) -> dict | None:
+        """The server, or None if Nova no longer has it."""
+        from novaclient.exceptions import NotFound
+
+        try:
+            return self._server_view(self.chi.nova().servers.get(server_id))
+        except NotFound:
+            return None
+        except Exception as error:
+            return self._call(f"reading server {server_id}", _raise, error)
+
+    def wait_server_active(self, server_id: str, timeout_s: float, progress: Progress) -> dict:
+        """Wait until the server is ACTIVE (bare metal: 10-20 min); raise with Nova's fault on ERROR."""
+
+        def fetch():
+            server = self.server(server_id)
+            if server is None:
+                return "GONE", None
+            return server["status"], (server if server["status"] != "ERROR" else server["fault"])
+
+        return self._wait(
+            f"server {server_id}",
+            fetch,
+            lambda s: s == "ACTIVE",
+            lambda s: s in ("ERROR", "GONE", "DELETED"),
+            timeout_s,
+            progress,
+        )
+
+    def delete_server(self, server_id: str) -> None:
+        """Delete the server, leaving its floating IPs to us (delete_ips=True leaks them). Gone is fine."""
+        from novaclient.exceptions import NotFound
+
+        try:
+            self.chi.server.delete_server(server_id)
+        except NotFound:
+            pass
+        except Exception as error:
+            self._call(f"deleting server {server_id}", _raise, error)
+
+    def server_exists(self, server_id: str) -> bool:
+        return self.server(server_id) is not None
+
+    # -- floating IPs -------------------------------------------------------------
+
+    def floating_ip(self, address: str) -> dict | None:
+        for fip in self._call("listing floating IPs", self.chi.network.list_floating_ips):
+            if fip["floating_ip_address"] == address:
+                return {
+                    "id": fip["id"],
+                    "address": address,
+                    "port_id": fip.get("port_id"),
+                    "tags": fip.get("tags") or [],
+                }
+        return None
+
+    def allocate_floating_ip(self, description: str) -> dict:
+        """A new floating IP from the public network, labelled `description` (to find it if its id is lost)."""
+        neutron = self.chi.neutron()
+        network_id = self._call(
+            "looking up the public network", self.chi.network.get_network_id, self.chi.network.PUBLIC_NETWORK
+        )
+        body = {"floatingip": {"floating_network_id": network_id, "description": description}}
+        fip = self._call("allocating a floating IP", neutron.create_floatingip, body)["floatingip"]
+        return {"id": fip["id"], "address": fip["floating_ip_address"]}
+
+    def floating_ips_described(self, description: str) -> list[dict]:
+        """Ad-hoc floating IPs we allocated with this description."""
+        fips = self._call("listing floating IPs", self.chi.network.list_floating_ips)
+        return [
+            {"id": f["id"], "address": f["floating_ip_address"]} for f in fips if f.get("description") == description
+        ]
+
+    def associate_floating_ip(self, server_id: str, address: str) -> None:
+        """Attach the floating IP to the server's port (python-chi's own helper hides Neutron's errors)."""
+        ports = self._call("listing the server's ports", self.chi.neutron().list_ports, device_id=server_id)["ports"]
+        ports = [p for p in ports if p.get("fixed_ips")]
+        if not ports:
+            raise ChameleonError(f"server {server_id} has no port with an address yet: run provision again in a minute")
+        self._call(
+            f"attaching floating IP {address}", self.chi.network.bind_floating_ip, address, port_id=ports[0]["id"]
+        )
+
+    def deallocate_floating_ip(self, address: str) -> None:
+        """Release an ad-hoc floating IP. A lease-reserved one is refused: it goes with its lease."""
+        fip = self.floating_ip(address)
+        if fip is None:
+            return
+        if any(tag.startswith("reservation:") for tag in fip["tags"]):
+            raise ChameleonError(f"floating IP {address} belongs to a lease reservation: it is released with the lease")
+        self._call(f"releasing floating IP {address}", self.chi.network.deallocate_floating_ip, address)
+
+    # -- SSH ------------------------------------------------------------------------
+
+    def wait_for_ssh(self, address: str, port: int, timeout_s: float, progress: Progress) -> str:
+        """Wait until `address:port` answers with an SSH banner; return the banner."""
+        start = time.monotonic()
+        last_report = start
+        progress(f"waiting for SSH on {address}:{port} (the node boots after it turns ACTIVE)")
+        while True:
+            banner = ssh_banner(address, port)
+            if banner:
+                return banner
+            elapsed = time.monotonic() - start
+            if elapsed >= timeout_s:
+                raise ChameleonError(
+                    f"{address}:{port} did not answer SSH within {_elapsed(timeout_s)}: the node may still be booting "
+                    "(run provision again to wait more) or failed to boot (see its console in the web UI, Compute > "
+                    "Instances); `fab teardown` releases it"
+                )
+            if time.monotonic() - last_report >= self.progress_every_s:
+                progress(f"still waiting for SSH on {address}:{port} ({_elapsed(elapsed)} elapsed)")
+                last_report = time.monotonic()
+            time.sleep(self.poll_interval_s)
+
+
+def ssh_banner(address: str, port: int, timeout_s: float = 5) -> str | None:
+    """The server's SSH banner ('SSH-2.0-...'), or None if nothing SSH answers there."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s) as connection:
+            connection.settimeout(timeout_s)
+            data = connection.recv(256)
+    except OSError:
+        return None
+    line = data.split(b"\r\n")[0].split(b"\n")[0].decode("ascii", "replace")
+    return line if line.startswith("SSH-") else None
+
+
+def _raise(error: BaseException):
+    """Re-raise inside ChameleonCloud._call, so it is translated like any other client error."""
+    raise error

@@ -1,0 +1,484 @@
+"""The `chameleon` target: a bare-metal P100 node reserved on Chameleon Cloud.
+
+provision: key pair -> lease (node + floating IP reservation) -> ACTIVE -> server
+on the reservation -> ACTIVE -> floating IP attached -> SSH answers -> hosts
+recorded (user `cc`). The state is saved after every step, and every resource
+is named before it is created (`triton-lab-<user>...`), so a provision that was
+interrupted anywhere continues where it stopped (finding even a resource whose
+id was never saved) and a re-run after success creates nothing.
+
+release: server, then ad-hoc floating IPs, then the lease (which takes its
+reserved floating IPs with it), each verified gone with the cloud before it
+leaves the state. What the cloud refuses stays in the state, and the error
+says what is left and how to retry.
+
+All cloud calls go through provision.chameleon (the only user of python-chi).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from provision.chameleon import ChameleonCloud, ChameleonError, NoHostsError
+from provision.state import Host, State
+
+Say = Callable[[str], None]
+Save = Callable[[State], None]
+
+MAX_LEASE_HOURS = 7 * 24  # Chameleon's limit for bare-metal leases
+
+DEFAULTS = {
+    "site": "CHI@TACC",
+    "node_type": "gpu_p100",
+    "image": "CC-Ubuntu24.04-CUDA",
+    "lease_hours": 3,
+    "node_count": 1,
+    "network": "sharednet1",
+    "flavor": "baremetal",
+    "floating_ip": "reserved",
+    "name_prefix": "triton-lab",
+    "key_name": "",
+    "public_key": "~/.ssh/id_rsa.pub",
+    "private_key": "",
+    "ssh_port": 22,
+    "poll_interval_s": 10,
+    "progress_every_s": 60,
+    "timeouts": {"lease_active_s": 600, "server_active_s": 1800, "ssh_s": 900, "delete_s": 600},
+}
+
+# Task flags (options) that override a setting of the same meaning.
+_OPTION_NAMES = {
+    "site": "site",
+    "node_type": "node_type",
+    "image": "image",
+    "hours": "lease_hours",
+    "count": "node_count",
+    "key_name": "key_name",
+    "public_key": "public_key",
+    "private_key": "private_key",
+}
+
+
+def config(settings: dict, options: dict | None = None) -> dict:
+    """fabric.yaml's `lab.chameleon`, over our defaults, under the task's flags."""
+    merged = {**DEFAULTS, **(settings.get("chameleon") or {})}
+    merged["timeouts"] = {**DEFAULTS["timeouts"], **(merged.get("timeouts") or {})}
+    for option, key in _OPTION_NAMES.items():
+        value = (options or {}).get(option)
+        if value not in (None, "", 0):
+            merged[key] = value
+    merged["lease_hours"] = float(merged["lease_hours"])
+    merged["node_count"] = int(merged["node_count"])
+    merged["ssh_port"] = int(merged["ssh_port"])
+    if not 0 < merged["lease_hours"] <= MAX_LEASE_HOURS:
+        raise ValueError(
+            f"lease length {merged['lease_hours']:g} h: choose more than 0 and at most {MAX_LEASE_HOURS} h (7 days)"
+        )
+    if merged["node_count"] < 1:
+        raise ValueError("node count must be at least 1")
+    if merged["floating_ip"] not in ("reserved", "adhoc"):
+        raise ValueError(f"chameleon.floating_ip is {merged['floating_ip']!r}: use reserved (with the lease) or adhoc")
+    return merged
+
+
+def _cloud(cfg: dict, site: str | None = None) -> ChameleonCloud:
+    return ChameleonCloud(
+        site or cfg["site"],
+        poll_interval_s=float(cfg["poll_interval_s"]),
+        progress_every_s=float(cfg["progress_every_s"]),
+    )
+
+
+def _slug(text: str) -> str:
+    """A name part from a user name (which may be an e-mail address): lower case, letters, digits, dashes."""
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slug[:40] or "user"
+
+
+def _keys(cfg: dict) -> tuple[str, str | None]:
+    """(public key text, private key path or None)."""
+    public_path = Path(os.path.expanduser(cfg["public_key"]))
+    if not public_path.is_file():
+        raise ValueError(
+            f"no public key at {public_path}: create a key pair with `ssh-keygen -t ed25519` "
+            "or point --public-key (lab.chameleon.public_key) at yours"
+        )
+    lines = [line.strip() for line in public_path.read_text().splitlines() if line.strip()]
+    if not lines or not lines[0].startswith(("ssh-", "ecdsa-")):
+        raise ValueError(f"{public_path} is not an OpenSSH public key (it should start with ssh-ed25519 or ssh-rsa)")
+    if cfg["private_key"]:
+        private = os.path.abspath(os.path.expanduser(cfg["private_key"]))
+        if not os.path.isfile(private):
+            raise ValueError(f"the private key {private} does not exist: check --private-key")
+    else:
+        guess = str(public_path)[: -len(".pub")] if str(public_path).endswith(".pub") else ""
+        private = os.path.abspath(guess) if guess and os.path.isfile(guess) else None
+    return lines[0], private
+
+
+def _say_step(say: Say, text: str) -> None:
+    say(f"chameleon: {text}")
+
+
+# -- provision ------------------------------------------------------------------
+
+
+def provision(settings: dict, options: dict, state: State | None, save: Save, say: Say) -> State:
+    """Reserve and launch the node(s); return the state with the hosts recorded."""
+    cfg = config(settings, options)
+    public_key, private_key = _keys(cfg)
+    recorded = state.chameleon if state is not None and state.target == "chameleon" else {}
+    if recorded.get("lease", {}).get("id"):
+        for key, label in (("site", "site"), ("node_type", "node type"), ("node_count", "node count")):
+            if recorded.get(key) is not None and recorded[key] != cfg[key]:
+                raise ValueError(
+                    f"already provisioned with {label} {recorded[key]} (asked: {cfg[key]}): "
+                    "run `fab teardown` first to change it, or drop the flag to continue"
+                )
+    cloud = _cloud(cfg)
+    if state is None or state.target != "chameleon":
+        state = State(target="chameleon")
+    info = state.chameleon
+    if not info.get("name"):
+        info["name"] = f"{cfg['name_prefix']}-{_slug(cloud.user_name())}"
+    name = info["name"]
+    for key in ("site", "node_type", "image", "flavor", "network", "node_count", "floating_ip", "ssh_port"):
+        info.setdefault(key, cfg[key])
+    info.setdefault("key_name", cfg["key_name"] or name)
+    info.setdefault("lease", {"name": name})
+    info.setdefault("servers", [])
+    info.setdefault("floating_ips", [])  # ad-hoc ones only: reserved IPs belong to the lease
+    save(state)
+    created: list[str] = []
+
+    def resume_hint(error: Exception) -> ChameleonError:
+        return ChameleonError(
+            f"{error}\nthe state keeps what exists: run `fab provision --target chameleon` again to continue "
+            "where it stopped, or `fab teardown` to release everything"
+        )
+
+    try:
+        if cloud.ensure_keypair(info["key_name"], public_key):
+            created.append(f"key pair {info['key_name']}")
+            _say_step(say, f"uploaded your public key as key pair {info['key_name']}")
+        _provision_lease(cloud, cfg, state, save, say, created)
+        for index in range(info["node_count"]):
+            _provision_server(cloud, cfg, state, save, say, created, index, private_key)
+    except NoHostsError:
+        raise  # nothing is held (the lease was cleaned up): the message says what the user can do
+    except ChameleonError as error:
+        raise resume_hint(error) from None
+
+    state.hosts = [
+        Host(
+            name=server["name"],
+            address=server["floating_ip"],
+            port=info["ssh_port"],
+            user="cc",
+            key=private_key,
+            connection="ssh",
+        )
+        for server in info["servers"]
+    ]
+    if created:
+        state.record(f"provisioned on {info['site']}: {', '.join(created)}")
+        _say_step(say, f"{len(state.hosts)} node(s) ready: " + ", ".join(f"cc@{h.address}" for h in state.hosts))
+    else:
+        _say_step(say, "already provisioned: nothing new was created")
+    save(state)
+    return state
+
+
+def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say, created: list[str]) -> None:
+    info = state.chameleon
+    lease = info["lease"]
+    if lease.get("id"):
+        current = cloud.lease(lease["id"])
+        if current is None or current["status"] in ("TERMINATED", "DELETED"):
+            raise ChameleonError(
+                f"lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to clear it, "
+                "then `fab provision --target chameleon` for a new one"
+            )
+    else:
+        current = cloud.find_lease(lease["name"])  # created by a run that stopped before saving its id
+        if current is not None:
+            _say_step(say, f"found lease {current['name']} from an earlier run ({current['status']})")
+        else:
+            count, node_type = info["node_count"], info["node_type"]
+            _say_step(
+                say,
+                f"reserving {count} x {node_type} at {info['site']} for {cfg['lease_hours']:g} h (lease {lease['name']})",
+            )
+            current = cloud.create_lease(
+                lease["name"],
+                node_type,
+                count,
+                cfg["lease_hours"],
+                reserve_floating_ip=info["floating_ip"] == "reserved",
+            )
+            created.append(f"lease {current['name']}")
+        lease.update(current)
+        save(state)
+    if current["status"] != "ACTIVE":
+        try:
+            current = cloud.wait_lease_active(
+                current["id"], cfg["timeouts"]["lease_active_s"], lambda m: _say_step(say, m)
+            )
+        except ChameleonError as error:
+            if "went to ERROR" in str(error):
+                _discard_failed_lease(cloud, cfg, state, save, say)
+                raise cloud.no_hosts(
+                    info["node_type"], info["node_count"], cfg["lease_hours"], "the lease went to ERROR"
+                ) from None
+            raise
+    lease.update(current)
+    state.record(f"lease {lease['name']} ACTIVE until {lease['end']}")
+    save(state)
+
+
+def _discard_failed_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say) -> None:
+    """A lease in ERROR holds nothing useful: delete it, verify, forget it."""
+    lease = state.chameleon["lease"]
+    _say_step(say, f"lease {lease['name']} failed: deleting it")
+    cloud.delete_lease(lease["id"])
+    _wait_gone(f"lease {lease['id']}", lambda: cloud.lease_exists(lease["id"]), cfg)
+    state.chameleon["lease"] = {"name": lease["name"]}
+    state.record(f"lease {lease['name']} went to ERROR; deleted and verified gone")
+    save(state)
+
+
+def _provision_server(cloud, cfg, state, save, say, created, index, private_key) -> None:
+    info = state.chameleon
+    lease = info["lease"]
+    name = f"{info['name']}-node{index + 1}"
+    servers = info["servers"]
+    if len(servers) <= index:
+        servers.append({"name": name})
+        save(state)  # the name first: a run stopped right after the create still finds the server
+    entry = servers[index]
+    current = cloud.server(entry["id"]) if entry.get("id") else None
+    if current is None:
+        current = cloud.find_server(name)
+        if current is not None:
+            _say_step(say, f"found server {name} from an earlier run ({current['status']})")
+        else:
+            _say_step(say, f"launching {name} ({info['image']}) on reservation {lease['node_reservation_id']}")
+            current = cloud.create_server(
+                name, lease["node_reservation_id"], info["image"], info["flavor"], info["key_name"], info["network"]
+            )
+            created.append(f"server {name}")
+        entry.update(id=current["id"], status=current["status"])
+        save(state)
+    if current["status"] != "ACTIVE":
+        _say_step(say, f"waiting for {name} to become ACTIVE (bare metal takes 10-20 min)")
+        try:
+            current = cloud.wait_server_active(
+                current["id"], cfg["timeouts"]["server_active_s"], lambda m: _say_step(say, m)
+            )
+        except ChameleonError as error:
+            if "went to ERROR" in str(error):
+                # A server that failed to deploy is of no use and blocks the node: delete it, keep the lease.
+                cloud.delete_server(entry["id"])
+                _wait_gone(f"server {name}", lambda: cloud.server_exists(entry["id"]), cfg)
+                servers[index] = {"name": name}
+                state.record(f"server {name} went to ERROR; deleted and verified gone")
+                save(state)
+                raise ChameleonError(
+                    f"server {name} failed to deploy ({error}); it was deleted, the lease is kept"
+                ) from None
+            raise
+    entry.update(status="ACTIVE", fixed_ip=(current["fixed_ips"] or [None])[0])
+    save(state)
+    _attach_floating_ip(cloud, state, save, say, created, entry, current)
+    if not entry.get("ssh"):
+        banner = cloud.wait_for_ssh(
+            entry["floating_ip"], info["ssh_port"], cfg["timeouts"]["ssh_s"], lambda m: _say_step(say, m)
+        )
+        _say_step(say, f"{entry['floating_ip']}:{info['ssh_port']} answers SSH ({banner})")
+        entry["ssh"] = True
+        save(state)
+
+
+def _attach_floating_ip(cloud, state, save, say, created, entry, current) -> None:
+    info = state.chameleon
+    if entry.get("floating_ip") and entry["floating_ip"] in current["floating_ips"]:
+        return  # attached by an earlier run
+    if not entry.get("floating_ip"):
+        taken = {s.get("floating_ip") for s in info["servers"] if s is not entry}
+        if info["floating_ip"] == "reserved":
+            reserved = cloud.reserved_floating_ips(info["lease"]["fip_reservation_id"])
+            free = sorted(f["address"] for f in reserved if f["address"] not in taken)
+            if not free:
+                raise ChameleonError(
+                    f"lease {info['lease']['name']} is ACTIVE but Blazar has not created its reserved floating IP yet: "
+                    "wait a minute"
+                )
+            entry.update(floating_ip=free[0], floating_ip_source="lease")
+        else:
+            described = [f for f in cloud.floating_ips_described(entry["name"]) if f["address"] not in taken]
+            fip = described[0] if described else cloud.allocate_floating_ip(entry["name"])
+            if not described:
+                created.append(f"floating IP {fip['address']}")
+            info["floating_ips"].append({"id": fip["id"], "address": fip["address"], "server": entry["name"]})
+            entry.update(floating_ip=fip["address"], floating_ip_source="adhoc")
+        save(state)
+    _say_step(say, f"attaching floating IP {entry['floating_ip']} to {entry['name']}")
+    cloud.associate_floating_ip(entry["id"], entry["floating_ip"])
+    state.record(f"floating IP {entry['floating_ip']} attached to {entry['name']}")
+    save(state)
+
+
+def _wait_gone(what: str, exists: Callable[[], bool], cfg: dict) -> None:
+    """Poll until the cloud no longer has it; raise ChameleonError if it stays."""
+    deadline = time.monotonic() + float(cfg["timeouts"]["delete_s"])
+    while exists():
+        if time.monotonic() >= deadline:
+            raise ChameleonError(f"{what} is still there {cfg['timeouts']['delete_s']} s after its deletion")
+        time.sleep(float(cfg["poll_interval_s"]))
+
+
+# -- release --------------------------------------------------------------------
+
+
+def release(state: State, settings: dict, save: Save, say: Say) -> None:
+    """Delete the servers, ad-hoc floating IPs and the lease; verify each is gone before forgetting it."""
+    info = state.chameleon
+    if not info or not (info.get("lease") or info.get("servers") or info.get("floating_ips")):
+        say("chameleon: nothing reserved")
+        return
+    cfg = config(settings)
+    cloud = _cloud(cfg, info.get("site"))
+    left: list[str] = []
+
+    for entry in list(info.get("servers", [])):
+        try:
+            server_id = entry.get("id") or (cloud.find_server(entry["name"]) or {}).get("id")
+            if server_id:
+                _say_step(say, f"deleting server {entry['name']}")
+                cloud.delete_server(server_id)
+                _wait_gone(f"server {entry['name']}", lambda sid=server_id: cloud.server_exists(sid), cfg)
+            info["servers"].remove(entry)
+            state.hosts = [h for h in state.hosts if h.name != entry["name"]]
+            state.record(f"server {entry['name']} deleted and verified gone")
+            save(state)
+        except ChameleonError as error:
+            left.append(f"server {entry['name']} ({entry.get('id') or 'id unknown'}): {error}")
+
+    # Ad-hoc floating IPs; also ones whose id a stopped run never saved (found by their description).
+    orphans = []
+    if info.get("floating_ip") == "adhoc":
+        known = {f["address"] for f in info.get("floating_ips", [])}
+        names = {f"{info['name']}-node{i + 1}" for i in range(int(info.get("node_count") or 1))}
+        for name in sorted(names):
+            try:
+                orphans += [
+                    dict(f, server=name) for f in cloud.floating_ips_described(name) if f["address"] not in known
+                ]
+            except ChameleonError as error:
+                left.append(f"floating IPs of {name} (not listed): {error}")
+        info.setdefault("floating_ips", []).extend(orphans)
+    for fip in list(info.get("floating_ips", [])):
+        try:
+            _say_step(say, f"releasing floating IP {fip['address']}")
+            cloud.deallocate_floating_ip(fip["address"])
+            _wait_gone(f"floating IP {fip['address']}", lambda a=fip["address"]: cloud.floating_ip(a) is not None, cfg)
+            info["floating_ips"].remove(fip)
+            state.record(f"floating IP {fip['address']} released and verified gone")
+            save(state)
+        except ChameleonError as error:
+            left.append(f"floating IP {fip['address']}: {error}")
+
+    lease = info.get("lease") or {}
+    if lease:
+        try:
+            lease_id = lease.get("id") or (cloud.find_lease(lease["name"]) or {}).get("id")
+            if lease_id:
+                _say_step(say, f"deleting lease {lease['name']} (its node and reserved floating IPs go with it)")
+                cloud.delete_lease(lease_id)
+                _wait_gone(f"lease {lease['name']}", lambda: cloud.lease_exists(lease_id), cfg)
+                if lease.get("fip_reservation_id"):
+                    _wait_gone(
+                        f"the floating IPs reserved by lease {lease['name']}",
+                        lambda: bool(cloud.reserved_floating_ips(lease["fip_reservation_id"])),
+                        cfg,
+                    )
+            info.pop("lease", None)
+            state.record(f"lease {lease['name']} deleted and verified gone")
+            save(state)
+        except ChameleonError as error:
+            left.append(f"lease {lease['name']} ({lease.get('id') or 'id unknown'}): {error}")
+
+    if left:
+        raise ChameleonError(
+            f"could not release everything on {info.get('site')}; still there:\n  - "
+            + "\n  - ".join(left)
+            + "\nthe state keeps them: run `fab teardown` again to retry (it continues where it stopped), or delete them "
+            "in the web UI (Compute > Instances, Network > Floating IPs, Reservations > Leases)"
+        )
+    state.hosts = []
+    _say_step(say, f"released everything on {info.get('site')} (verified with the cloud)")
+
+
+# -- status and extend -------------------------------------------------------------
+
+
+def _time_left(end: str | None) -> tuple[float | None, str]:
+    if not end:
+        return None, "unknown"
+    seconds = (datetime.fromisoformat(end) - datetime.now(timezone.utc)).total_seconds()
+    if seconds <= 0:
+        return 0.0, "ended"
+    hours, rest = divmod(int(seconds), 3600)
+    return seconds, f"{hours} h {rest // 60:02d} min"
+
+
+def status(state: State, settings: dict) -> dict:
+    """The lease (status, end, time left), each server's status and address, as the cloud reports now."""
+    info = state.chameleon
+    lease = info.get("lease") or {}
+    result = {"site": info.get("site"), "lease": {"name": lease.get("name"), "id": lease.get("id")}, "servers": []}
+    try:
+        cloud = _cloud(config(settings), info.get("site"))
+        current = cloud.lease(lease["id"]) if lease.get("id") else None
+        if current is not None:
+            lease = {**lease, **current}
+        result["lease"].update(
+            status=current["status"] if current else ("GONE" if lease.get("id") else "not created"),
+            end=lease.get("end"),
+        )
+        for entry in info.get("servers", []):
+            server = cloud.server(entry["id"]) if entry.get("id") else None
+            result["servers"].append(
+                {
+                    "name": entry["name"],
+                    "status": server["status"] if server else "GONE",
+                    "floating_ip": entry.get("floating_ip"),
+                    "fixed_ip": entry.get("fixed_ip"),
+                }
+            )
+    except ChameleonError as error:
+        result["error"] = str(error)
+    seconds, text = _time_left(lease.get("end"))
+    result["lease"].update(time_left_s=seconds, time_left=text)
+    return result
+
+
+def extend(state: State, settings: dict, hours: int, save: Save, say: Say) -> None:
+    """Move the lease's end `hours` later."""
+    lease = state.chameleon.get("lease") or {}
+    if not lease.get("id"):
+        raise ValueError("no lease to extend: run `fab provision --target chameleon` first")
+    if not 0 < float(hours) <= MAX_LEASE_HOURS:
+        raise ValueError(f"--hours {hours}: choose more than 0 and at most {MAX_LEASE_HOURS}")
+    cloud = _cloud(config(settings), state.chameleon.get("site"))
+    updated = cloud.extend_lease(lease["id"], float(hours))
+    lease.update(updated)
+    state.record(f"lease {lease['name']} extended by {hours} h to {lease['end']}")
+    save(state)
+    _, left = _time_left(lease["end"])
+    say(f"chameleon: lease {lease['name']} now ends {lease['end']} ({left} left)")

@@ -1,0 +1,474 @@
+"""The chameleon target against a fake OpenStack on 127.0.0.1, driven by the real python-chi.
+
+python-chi gets the fake through the variables a user's openrc file sets
+(OS_AUTH_URL, OS_APPLICATION_CREDENTIAL_ID/SECRET, OS_REGION_NAME, ...). The
+"node" is reachable by SSH because the test listens on its floating IP (a
+loopback address) and answers with an SSH banner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from provision import state as state_module
+from provision.chameleon import ChameleonError, CredentialsError, NoHostsError, check_credentials
+from provision.targets import chameleon as target
+from tests import fake_openstack
+from tests.fake_openstack import FakeOpenStack
+
+ROOT = Path(__file__).resolve().parent.parent
+# A syntactically valid ed25519 public key (the fake computes Nova's fingerprint from it).
+PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGn8m6Qb0b8Z1i8v4T2m6s2bXr1m5xv7V1sQeF3n9YcR test@lab"
+NODE_ADDRESSES = [f"127.0.0.{i}" for i in range(10, 14)]  # the fake's first floating IPs
+
+
+class SSHBanner:
+    """Accepts TCP on the given loopback addresses (one port) and greets like sshd."""
+
+    def __init__(self, addresses: list[str]):
+        self.sockets = []
+        port = 0
+        for address in addresses:
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((address, port))
+            port = listener.getsockname()[1]
+            listener.listen(8)
+            self.sockets.append(listener)
+            threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
+        self.port = port
+
+    def _serve(self, listener):
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(b"SSH-2.0-OpenSSH_9.6 fake\r\n")
+
+    def close(self):
+        for listener in self.sockets:
+            listener.close()
+
+
+@pytest.fixture(scope="module")
+def ssh_node():
+    banner = SSHBanner(NODE_ADDRESSES)
+    yield banner
+    banner.close()
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    cloud = FakeOpenStack().start()
+    for name in list(os.environ):
+        if name.startswith("OS_"):
+            monkeypatch.delenv(name)
+    for name, value in cloud.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LAB_STATE_FILE", str(tmp_path / "state.json"))
+    yield cloud
+    cloud.stop()
+
+
+@pytest.fixture
+def settings(tmp_path, ssh_node):
+    public = tmp_path / "id_test.pub"
+    public.write_text(PUBLIC_KEY + "\n")
+    (tmp_path / "id_test").write_text("not a real private key\n")
+    return {
+        "chameleon": {
+            "public_key": str(public),
+            "ssh_port": ssh_node.port,
+            "poll_interval_s": 0.01,
+            "timeouts": {"lease_active_s": 10, "server_active_s": 10, "ssh_s": 0.5, "delete_s": 10},
+        }
+    }
+
+
+class Recorder:
+    """The `say` and `save` callbacks of a task: messages kept, state written to LAB_STATE_FILE."""
+
+    def __init__(self, fail_at_save: int | None = None):
+        self.messages: list[str] = []
+        self.saves = 0
+        self.fail_at_save = fail_at_save
+
+    def say(self, message: str) -> None:
+        self.messages.append(message)
+
+    def save(self, state) -> None:
+        self.saves += 1
+        if self.fail_at_save is not None and self.saves >= self.fail_at_save:
+            raise KeyboardInterrupt(f"killed at save {self.saves}")  # as if the process died here
+        state_module.save(state)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.messages)
+
+
+def creates(fake: FakeOpenStack) -> list[tuple[str, str]]:
+    """The requests that create something in the cloud."""
+    return [(m, p) for m, p in fake.requests if m == "POST" and p.endswith(("/leases", "/servers", "/floatingips"))]
+
+
+def provision(settings, options=None, recorder=None, state=None):
+    recorder = recorder or Recorder()
+    state = state if state is not None else state_module.load()
+    return target.provision(settings, options or {}, state, recorder.save, recorder.say), recorder
+
+
+def release_from_file(settings, recorder=None):
+    """What `fab teardown` does: release what the state file records."""
+    recorder = recorder or Recorder()
+    state = state_module.load()
+    if state is not None:
+        target.release(state, settings, recorder.save, recorder.say)
+    return state, recorder
+
+
+ZERO = {"leases": 0, "servers": 0, "floatingips": 0}
+ONE_EACH = {"leases": 1, "servers": 1, "floatingips": 1}
+
+
+def test_happy_path_reserves_one_of_each_and_release_leaves_zero(fake, settings, tmp_path):
+    fake.lease_polls_to_active = 2
+    fake.server_polls_to_active = 3
+    state, recorder = provision(settings)
+
+    assert fake.held() == ONE_EACH
+    assert len(creates(fake)) == 2  # the lease and the server; the floating IP comes with the lease
+    [host] = state.hosts
+    assert (host.user, host.port, host.connection) == ("cc", settings["chameleon"]["ssh_port"], "ssh")
+    assert host.address in NODE_ADDRESSES
+    assert host.key == str(tmp_path / "id_test")
+    assert state.chameleon["lease"]["status"] == "ACTIVE"
+    assert state.chameleon["servers"][0]["name"] == "triton-lab-alice-node1"  # derived from the Keystone user
+    assert fake.keypairs["triton-lab-alice"]["public_key"] == PUBLIC_KEY
+    # Progress: each status change with the elapsed time, not a silent wait.
+    assert "PENDING (" in recorder.text and "BUILD (" in recorder.text and "elapsed" in recorder.text
+    assert "answers SSH (SSH-2.0-OpenSSH_9.6 fake)" in recorder.text
+    # No credential is written to the state.
+    written = Path(os.environ["LAB_STATE_FILE"]).read_text()
+    assert fake_openstack.APP_CRED_SECRET not in written and fake_openstack.APP_CRED_ID not in written
+    assert state_module.load().hosts == state.hosts
+
+    _, recorder = release_from_file(settings)
+    assert fake.held() == ZERO
+    # A lease-reserved floating IP goes with its lease: never deallocated by us.
+    assert not [p for m, p in fake.requests if m == "DELETE" and "/floatingips/" in p]
+    left = state_module.load()
+    assert left.hosts == [] and "lease" not in left.chameleon and left.chameleon["servers"] == []
+    assert "verified" in recorder.text
+
+
+def test_rerun_after_success_creates_nothing(fake, settings):
+    first, _ = provision(settings)
+    before = len(creates(fake))
+    second, recorder = provision(settings)
+    assert len(creates(fake)) == before
+    assert fake.held() == ONE_EACH
+    assert second.hosts == first.hosts
+    assert "nothing new was created" in recorder.text
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_two_nodes_get_two_servers_and_two_addresses(fake, settings):
+    fake.node_types["gpu_p100"] = 2
+    fake.hosts.append({"id": "host-gpu_p100-1", "hypervisor_hostname": "gpu_p100-1", "node_type": "gpu_p100"})
+    state, _ = provision(settings, {"count": 2})
+    assert fake.held() == {"leases": 1, "servers": 2, "floatingips": 2}
+    assert len({h.address for h in state.hosts}) == 2
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_no_free_node_says_what_to_do_and_holds_nothing(fake, settings):
+    busy_until = fake.block_hosts("gpu_p100", hours=5)
+    with pytest.raises(NoHostsError) as caught:
+        provision(settings)
+    message = str(caught.value)
+    assert "Not enough hosts available" in message
+    assert "another site" in message and "another node type" in message and "later" in message
+    assert f"{busy_until:%Y-%m-%d %H:%M}" in message  # the next free slot, from Blazar's allocations
+    assert caught.value.next_free is not None
+    assert fake.held() == ZERO
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_lease_error_is_cleaned_up_and_reported(fake, settings):
+    fake.fail["lease_status"] = "ERROR"
+    with pytest.raises(NoHostsError, match="the lease went to ERROR"):
+        provision(settings)
+    assert fake.held() == ZERO  # the failed lease was deleted and verified gone
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [
+        ({"server_status": "ERROR"}, "failed to deploy"),
+        ({"fip_associate": True}, "attaching floating IP"),
+        ("ssh", "did not answer SSH"),
+    ],
+    ids=["server-error", "floating-ip-failure", "ssh-unreachable"],
+)
+def test_failure_at_a_step_then_release_leaves_zero(fake, settings, failure, expected):
+    if failure == "ssh":
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        settings["chameleon"]["ssh_port"] = closed.getsockname()[1]  # bound, never listening: refused
+    else:
+        fake.fail.update(failure)
+    with pytest.raises(ChameleonError, match=expected) as caught:
+        provision(settings)
+    assert "fab teardown" in str(caught.value)
+    assert fake.held()["leases"] == 1  # the lease is kept for a retry
+    if failure == {"server_status": "ERROR"}:
+        assert fake.held()["servers"] == 0  # the broken server was deleted
+    release_from_file(settings)
+    assert fake.held() == ZERO
+    if failure == "ssh":
+        closed.close()
+
+
+def test_provision_continues_after_a_failed_step(fake, settings):
+    fake.fail["fip_associate"] = True
+    with pytest.raises(ChameleonError):
+        provision(settings)
+    fake.fail.clear()
+    before = len(creates(fake))
+    state, _ = provision(settings)
+    assert len(creates(fake)) == before  # the same lease and server were used
+    assert fake.held() == ONE_EACH and state.hosts
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def _saves_of_a_full_provision(settings) -> int:
+    """How many times a full provision saves (measured on a fake of its own)."""
+    other = FakeOpenStack().start()
+    previous = {name: os.environ.get(name) for name in other.env()}
+    os.environ.update(other.env())
+    try:
+        recorder = Recorder()
+        target.provision(settings, {}, None, lambda state: setattr(recorder, "saves", recorder.saves + 1), recorder.say)
+        return recorder.saves
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        other.stop()
+
+
+@pytest.mark.parametrize("floating_ip", ["reserved", "adhoc"])
+def test_killed_at_every_step_resume_or_release_leaves_nothing(fake, settings, monkeypatch, floating_ip):
+    """Stop the provision at every save (the state file then lacks that step), as a killed process would."""
+    settings["chameleon"]["floating_ip"] = floating_ip
+    total = _saves_of_a_full_provision(settings)
+    assert total >= 8
+    once = 3 if floating_ip == "adhoc" else 2  # lease, server (and the ad-hoc IP): each created once
+    for kill_at in range(1, total + 1):
+        start = len(creates(fake))
+        with pytest.raises(KeyboardInterrupt):
+            provision(settings, recorder=Recorder(fail_at_save=kill_at), state=state_module.load())
+        if kill_at % 2:  # odd: run again, which must finish with exactly one of each
+            state, _ = provision(settings)
+            assert fake.held() == ONE_EACH, f"resumed after kill at save {kill_at}"
+            assert state.hosts
+            assert len(creates(fake)) - start == once, f"something was created twice (kill at save {kill_at})"
+        release_from_file(settings)
+        assert fake.held() == ZERO, f"killed at save {kill_at}"
+        state_module.clear()
+
+
+def test_provision_process_killed_while_waiting_then_release(fake, settings, tmp_path):
+    """A real `kill -9` of a provision waiting for the server to build."""
+    fake.server_polls_to_active = 10**6  # BUILD forever
+    settings_file = tmp_path / "settings.json"
+    settings_file.write_text(json.dumps(settings))
+    script = (
+        "import json, sys\n"
+        "from provision import state\n"
+        "from provision.targets import chameleon\n"
+        f"settings = json.load(open({str(settings_file)!r}))\n"
+        "chameleon.provision(settings, {}, state.load(), state.save, print)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            current = state_module.load()
+            if current and any(s.get("id") for s in current.chameleon.get("servers", [])):
+                break
+            assert child.poll() is None, child.stdout.read().decode()
+            time.sleep(0.1)
+        else:
+            pytest.fail("the provision never got to the server")
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=10)
+    assert fake.held() == {"leases": 1, "servers": 1, "floatingips": 1}
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+@pytest.mark.parametrize("failure", ["server_delete", "lease_delete"])
+def test_release_refused_by_the_cloud_keeps_the_state(fake, settings, failure):
+    provision(settings)
+    fake.fail[failure] = True
+    with pytest.raises(ChameleonError) as caught:
+        release_from_file(settings)
+    message = str(caught.value)
+    assert "still there" in message and "fab teardown" in message
+    kept = state_module.load()
+    if failure == "lease_delete":
+        assert "lease triton-lab-alice" in message
+        assert kept.chameleon["lease"]["id"] and fake.held()["leases"] == 1
+    else:
+        assert "server triton-lab-alice-node1" in message
+        assert kept.chameleon["servers"][0]["id"]
+    fake.fail.clear()
+    release_from_file(settings)  # the retry finishes the job
+    assert fake.held() == ZERO
+
+
+def test_adhoc_floating_ip_is_deallocated(fake, settings):
+    settings["chameleon"]["floating_ip"] = "adhoc"
+    provision(settings)
+    assert fake.held() == ONE_EACH
+    assert not any(
+        r["resource_type"] == "virtual:floatingip" for lease in fake.leases.values() for r in lease["reservations"]
+    )
+    release_from_file(settings)
+    assert fake.held() == ZERO
+    assert [p for m, p in fake.requests if m == "DELETE" and "/floatingips/" in p]
+
+
+def test_status_and_extend(fake, settings):
+    state, _ = provision(settings, {"hours": 3})
+    report = target.status(state, settings)
+    assert report["lease"]["status"] == "ACTIVE"
+    assert 2.9 * 3600 < report["lease"]["time_left_s"] <= 3 * 3600
+    assert report["servers"] == [
+        {
+            "name": "triton-lab-alice-node1",
+            "status": "ACTIVE",
+            "floating_ip": state.hosts[0].address,
+            "fixed_ip": state.chameleon["servers"][0]["fixed_ip"],
+        }
+    ]
+    end = datetime.fromisoformat(state.chameleon["lease"]["end"])
+    recorder = Recorder()
+    target.extend(state, settings, 2, recorder.save, recorder.say)
+    assert datetime.fromisoformat(state_module.load().chameleon["lease"]["end"]) - end == timedelta(hours=2)
+    assert "now ends" in recorder.text
+    fake.fail["lease_extend"] = True
+    with pytest.raises(ChameleonError, match="48 h"):
+        target.extend(state, settings, 2, recorder.save, recorder.say)
+    release_from_file(settings)
+
+
+def test_existing_key_pair_with_another_key_is_not_replaced(fake, settings):
+    other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBd2k7x9q5Q3nK1ZrS0vR6gM8fT2yU4wE1aH7cJ3pL9o other"
+    fake.keypairs["triton-lab-alice"] = {
+        "name": "triton-lab-alice",
+        "public_key": other,
+        "fingerprint": fake_openstack.fingerprint(other),
+        "type": "ssh",
+    }
+    with pytest.raises(ChameleonError, match="holds another public key"):
+        provision(settings)
+    assert fake.held() == ZERO and fake.keypairs["triton-lab-alice"]["public_key"] == other
+
+
+# -- credentials ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"OS_AUTH_URL": None}, "OS_AUTH_URL"),
+        ({"OS_AUTH_URL": "chi.tacc.chameleoncloud.org"}, "OS_AUTH_URL"),
+        ({"OS_APPLICATION_CREDENTIAL_SECRET": None}, "OS_APPLICATION_CREDENTIAL_SECRET"),
+        ({"OS_APPLICATION_CREDENTIAL_ID": None}, "OS_APPLICATION_CREDENTIAL_ID"),
+        ({"OS_REGION_NAME": None}, "OS_REGION_NAME"),
+        ({"OS_REGION_NAME": "CHI@UC"}, "OS_REGION_NAME"),
+        ({"OS_AUTH_TYPE": None}, "OS_AUTH_TYPE"),
+        ({"OS_AUTH_TYPE": "v3token"}, "OS_TOKEN"),
+        ({"OS_AUTH_TYPE": "v3token", "OS_TOKEN": "a-user-token"}, "OS_PROJECT_ID or OS_PROJECT_NAME"),
+        ({"OS_AUTH_TYPE": "v3password"}, "OS_USERNAME"),
+    ],
+)
+def test_bad_credentials_name_the_variable(fake, settings, monkeypatch, change, named):
+    for name, value in change.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    with pytest.raises(CredentialsError, match=named) as caught:
+        provision(settings)
+    assert "Application Credentials" in str(caught.value)
+    assert fake_openstack.APP_CRED_SECRET not in str(caught.value)
+    assert isinstance(caught.value, RuntimeError)  # tasks.py turns RuntimeError into "error: ..."
+    assert not creates(fake)
+
+
+def test_no_credentials_at_all_lists_what_to_set():
+    with pytest.raises(CredentialsError) as caught:
+        check_credentials({}, "CHI@TACC")
+    for name in ("OS_AUTH_URL", "OS_REGION_NAME", "OS_APPLICATION_CREDENTIAL_ID", "OS_APPLICATION_CREDENTIAL_SECRET"):
+        assert name in str(caught.value)
+    assert "https://chi.tacc.chameleoncloud.org" in str(caught.value)
+
+
+def test_wrong_secret_is_reported_as_credentials(fake, settings, monkeypatch):
+    monkeypatch.setenv("OS_APPLICATION_CREDENTIAL_SECRET", "s3cr3t-but-wrong")
+    with pytest.raises(CredentialsError, match="refused the credentials") as caught:
+        provision(settings)
+    assert "OS_APPLICATION_CREDENTIAL_ID/SECRET" in str(caught.value)
+    assert "s3cr3t-but-wrong" not in str(caught.value)
+    assert not creates(fake)
+
+
+def test_token_credentials_work(fake, settings, monkeypatch):
+    monkeypatch.delenv("OS_APPLICATION_CREDENTIAL_ID")
+    monkeypatch.delenv("OS_APPLICATION_CREDENTIAL_SECRET")
+    monkeypatch.setenv("OS_AUTH_TYPE", "v3token")
+    monkeypatch.setenv("OS_TOKEN", "a-user-token")
+    monkeypatch.setenv("OS_PROJECT_ID", fake_openstack.PROJECT_ID)
+    provision(settings)
+    assert fake.held() == ONE_EACH
+    assert "a-user-token" not in Path(os.environ["LAB_STATE_FILE"]).read_text()
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_time_left_is_readable():
+    end = (datetime.now(timezone.utc) + timedelta(hours=2, minutes=30, seconds=30)).isoformat()
+    assert target._time_left(end)[1] == "2 h 30 min"
+    assert target._time_left((datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat())[1] == "ended"
