@@ -25,31 +25,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provision.chameleon import ChameleonCloud, ChameleonError, NoHostsError
+from provision.config import defaults as project_defaults
 from provision.state import Host, State
 
 Say = Callable[[str], None]
 Save = Callable[[State], None]
 
 MAX_LEASE_HOURS = 7 * 24  # Chameleon's limit for bare-metal leases
-
-DEFAULTS = {
-    "site": "CHI@TACC",
-    "node_type": "gpu_p100",
-    "image": "CC-Ubuntu24.04-CUDA",
-    "lease_hours": 3,
-    "node_count": 1,
-    "network": "sharednet1",
-    "flavor": "baremetal",
-    "floating_ip": "reserved",
-    "name_prefix": "triton-lab",
-    "key_name": "",
-    "public_key": "~/.ssh/id_rsa.pub",
-    "private_key": "",
-    "ssh_port": 22,
-    "poll_interval_s": 10,
-    "progress_every_s": 60,
-    "timeouts": {"lease_active_s": 600, "server_active_s": 1800, "ssh_s": 900, "delete_s": 600},
-}
 
 # Task flags (options) that override a setting of the same meaning.
 _OPTION_NAMES = {
@@ -65,9 +47,10 @@ _OPTION_NAMES = {
 
 
 def config(settings: dict, options: dict | None = None) -> dict:
-    """fabric.yaml's `lab.chameleon`, over our defaults, under the task's flags."""
-    merged = {**DEFAULTS, **(settings.get("chameleon") or {})}
-    merged["timeouts"] = {**DEFAULTS["timeouts"], **(merged.get("timeouts") or {})}
+    """`settings["chameleon"]` over the project's defaults (fabric.yaml `lab.chameleon`), under the task's flags."""
+    defaults = project_defaults().get("chameleon") or {}
+    merged = {**defaults, **(settings.get("chameleon") or {})}
+    merged["timeouts"] = {**defaults.get("timeouts", {}), **(merged.get("timeouts") or {})}
     for option, key in _OPTION_NAMES.items():
         value = (options or {}).get(option)
         if value not in (None, "", 0):
