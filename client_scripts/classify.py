@@ -1,13 +1,21 @@
-"""Classify image files with a Food-11 classifier served by Triton.
+"""Classify image files with a Food-11 classifier served by Triton, directly or through the API.
 
 python client_scripts/classify.py photo.jpg [more.jpg ...] [--model batching_food_classifier]
+python client_scripts/classify.py photo.jpg --api http://127.0.0.1:8080   # through the FastAPI service
+
+Prints one line per file: `photo.jpg: Soup (0.958)`.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import json
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +23,12 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 
+class ApiError(RuntimeError):
+    """The API answered with an error; the message is its `detail`."""
+
+
 def classify_files(url: str, model: str, paths: list[Path]) -> list[tuple[str, float]]:
-    """One request per file; returns [(label, probability)]."""
+    """One request per file, to Triton at url (host:port); returns [(label, probability)]."""
     answers = []
     with triton_http.InferenceServerClient(url) as client:
         for path in paths:
@@ -28,19 +40,68 @@ def classify_files(url: str, model: str, paths: list[Path]) -> list[tuple[str, f
     return answers
 
 
+def post_image(api_url: str, endpoint: str, path: Path, params: dict | None = None, timeout_s: float = 120) -> dict:
+    """POST one image file to the API as multipart `file`; the JSON answer, or ApiError.
+
+    Standard library only, so the script needs nothing beyond tritonclient.
+    """
+    boundary = uuid.uuid4().hex
+    body = b"".join(
+        [
+            f"--{boundary}\r\n".encode(),
+            f'Content-Disposition: form-data; name="file"; filename="{path.name}"\r\n'.encode(),
+            b"Content-Type: application/octet-stream\r\n\r\n",
+            path.read_bytes(),
+            f"\r\n--{boundary}--\r\n".encode(),
+        ]
+    )
+    url = f"{api_url.rstrip('/')}/{endpoint}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:  # the API's own answer: {"detail": ...}
+        text = error.read().decode("utf-8", "replace")
+        try:
+            detail = json.loads(text).get("detail", text)
+        except ValueError:
+            detail = text[:500]
+        raise ApiError(f"HTTP {error.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise ApiError(f"cannot reach the API at {api_url}: {getattr(error, 'reason', error)}") from None
+
+
+def classify_files_via_api(api_url: str, model: str | None, paths: list[Path]) -> list[tuple[str, float]]:
+    """The same through the API's POST /classify (model None: the API's default variant)."""
+    answers = []
+    for path in paths:
+        body = post_image(api_url, "classify", path, params={"model": model} if model else None)
+        answers.append((body["label"], float(body["probability"])))
+    return answers
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", type=Path, help="image files (JPEG, PNG, ...)")
-    parser.add_argument("--url", default="localhost:8000", help="Triton HTTP endpoint (default %(default)s)")
-    parser.add_argument("--model", default="batching_food_classifier", help="classifier variant (default %(default)s)")
+    parser.add_argument("--url", default="localhost:8000", help="Triton HTTP endpoint, host:port (default %(default)s)")
+    parser.add_argument("--api", metavar="URL", help="go through the FastAPI service at URL instead of Triton")
+    parser.add_argument(
+        "--model", help="classifier variant (default batching_food_classifier; with --api, the API's default)"
+    )
     args = parser.parse_args(argv)
     try:
-        for path, (label, probability) in zip(args.images, classify_files(args.url, args.model, args.images)):
+        if args.api:
+            answers = classify_files_via_api(args.api, args.model, args.images)
+        else:
+            answers = classify_files(args.url, args.model or "batching_food_classifier", args.images)
+        for path, (label, probability) in zip(args.images, answers):
             print(f"{path}: {label} ({probability:.3f})")
     except InferenceServerException as error:
         print(f"error: {error.message()}", file=sys.stderr)
         return 1
-    except OSError as error:
+    except (ApiError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -9,6 +9,7 @@ the eleven, and the API must give the answer Triton gives.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import shutil
@@ -32,6 +33,7 @@ from PIL import Image
 from provision import config, sample_images
 from provision.local_triton import TritonProcess
 from provision.model_repo import render
+from provision.perf import write_input_json
 
 CLIENT_SCRIPTS = config.PROJECT_ROOT / "client_scripts"
 TEN_MB = 10 * 1024 * 1024
@@ -403,3 +405,67 @@ def test_no_request_generated_from_the_openapi_spec_gets_a_server_error(api, mod
     send()
     print(f"{mode.value}: responses by status {dict(sorted(statuses.items()))}")
     assert sum(statuses.values()) >= 20, "the fuzzer sent too few requests to mean anything"
+
+
+# --------------------------------------------------------------------------- the client scripts
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(CLIENT_SCRIPTS / name), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("name", ["classify.py", "caption.py", "make_perf_input.py"])
+def test_each_client_script_explains_itself(name):
+    done = run_script(name, "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+
+
+def test_classify_script_prints_the_same_line_through_the_api_as_from_triton(api, triton_server, tmp_path):
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(PHOTO)
+    direct = run_script("classify.py", str(photo), "--url", triton_address(triton_server))
+    via_api = run_script("classify.py", str(photo), "--api", api.url)
+    assert direct.returncode == 0 and via_api.returncode == 0, direct.stderr + via_api.stderr
+    assert via_api.stdout == direct.stdout and via_api.stdout.startswith(f"{photo}: ")
+    chosen = run_script("classify.py", str(photo), "--api", api.url, "--model", "food_classifier")
+    assert chosen.returncode == 0 and chosen.stdout == direct.stdout
+
+
+def test_caption_script_captions_from_triton_and_through_the_api(api, triton_server, tmp_path):
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(PHOTO)
+    direct = run_script("caption.py", str(photo), "--url", triton_address(triton_server))
+    via_api = run_script("caption.py", str(photo), "--api", api.url)
+    assert direct.returncode == 0 and via_api.returncode == 0, direct.stderr + via_api.stderr
+    assert via_api.stdout == direct.stdout
+    label = direct.stdout.split("[", 1)[1].split(" ", 1)[0]
+    assert label in FOOD11_LABELS and f"] a photo of {label.lower()}" in direct.stdout
+
+
+def test_client_scripts_report_the_apis_error_and_exit_1(api, tmp_path):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(BAD_UPLOADS["truncated"][0])
+    for name in ("classify.py", "caption.py"):
+        done = run_script(name, str(broken), "--api", api.url)
+        assert done.returncode == 1 and "HTTP 400" in done.stderr and "truncated" in done.stderr, done.stderr
+    (closed,) = free_ports(1)
+    done = run_script("classify.py", str(broken), "--api", f"http://127.0.0.1:{closed}")
+    assert done.returncode == 1 and "cannot reach the API" in done.stderr
+
+
+def test_make_perf_input_writes_one_base64_entry_per_image(tmp_path):
+    photos = [tmp_path / f"p{i}.jpg" for i in range(2)]
+    for seed, photo in enumerate(photos):
+        photo.write_bytes(sample_images.jpeg(seed=seed))
+    output = tmp_path / "input.json"
+    done = run_script("make_perf_input.py", *map(str, photos), "-o", str(output))
+    assert done.returncode == 0, done.stderr
+    # Exactly what the benchmark's own writer makes for the same files.
+    expected = write_input_json(tmp_path / "expected.json", [sample_images.b64(p.read_bytes()) for p in photos])
+    assert json.loads(output.read_text()) == json.loads(expected.read_text())
+    renamed = run_script("make_perf_input.py", str(photos[0]), "-o", str(output), "--input-name", "IMAGE")
+    assert renamed.returncode == 0 and list(json.loads(output.read_text())["data"][0]) == ["IMAGE"]
+    missing = run_script("make_perf_input.py", str(tmp_path / "nope.jpg"), "-o", str(output))
+    assert missing.returncode == 1 and "nope.jpg" in missing.stderr

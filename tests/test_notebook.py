@@ -1,0 +1,137 @@
+"""client_scripts/profiling.ipynb, executed headless (nbclient) on results of real perf_analyzer runs.
+
+Two short benchmark runs against the session's tritonserver are written the
+way `fab bench` writes them (perf_analyzer CSVs under hosts/<host>/, then
+provision.report.write_report for summary.json, report.md and the plots);
+the notebook must run top to bottom on them, unattended.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import tritonclient.http as triton_http
+from helpers import classify
+from nbclient import NotebookClient
+
+from provision import config, sample_images
+from provision.local_triton import perf_analyzer_env
+from provision.perf import PerfRun
+from provision.report import write_report
+
+NOTEBOOK = config.PROJECT_ROOT / "client_scripts" / "profiling.ipynb"
+# Two runs, as `fab bench --quick` would make them on two days: run ids start with their time.
+RUNS = {
+    "20260101-120000-local": ["food_classifier", "batching_food_classifier"],
+    "20260102-120000-local": ["batching_food_classifier"],
+}
+
+
+def _bench(results: Path, run_id: str, models: list[str], url: str, env: dict, input_json: Path) -> Path:
+    run = results / run_id
+    host = run / "hosts" / "local"
+    host.mkdir(parents=True)
+    profile = {"name": "quick", "concurrency_range": "1:2:1", "measurement_interval_ms": 2000}
+    commands = {}
+    for model in models:
+        perf = PerfRun(
+            model=model,
+            url=url,
+            input_json=input_json,
+            csv_path=host / f"{model}.csv",
+            concurrency_range=profile["concurrency_range"],
+            measurement_interval_ms=profile["measurement_interval_ms"],
+            stability_percentage=999,  # accept the first windows: this machine is noisy
+            max_trials=3,
+        )
+        perf.run(str(Path(sys.executable).parent / "perf_analyzer"), env=env, timeout_s=300)
+        commands[model] = " ".join(perf.command())
+    write_report(
+        run,
+        run_id=run_id,
+        target="local",
+        profile=profile,
+        commands=commands,
+        smoke_weights=True,
+        git={"commit": None, "dirty": False},
+    )
+    return run
+
+
+@pytest.fixture(scope="module")
+def results(triton_server, triton_runtime, tmp_path_factory) -> Path:
+    """results/ with two real (short) benchmark runs."""
+    work = tmp_path_factory.mktemp("bench")
+    photo = work / "photo.jpg"
+    photo.write_bytes(sample_images.jpeg(seed=3))
+    # The input file made by the script the bench task runs on the hosts.
+    script = config.PROJECT_ROOT / "client_scripts" / "make_perf_input.py"
+    made = subprocess.run(
+        [sys.executable, str(script), str(photo), "-o", str(work / "input.json")], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    root = work / "results"
+    url = f"{triton_server.host}:{triton_server.http_port}"
+    # A model's first inference is slow (the stub warms up): keep it out of the measurement windows.
+    with triton_http.InferenceServerClient(url) as client:
+        for model in {model for models in RUNS.values() for model in models}:
+            classify(client, model, [sample_images.b64(photo.read_bytes())])
+    env = perf_analyzer_env(triton_runtime.root)
+    for run_id, models in RUNS.items():
+        _bench(root, run_id, models, url, env, work / "input.json")
+    return root
+
+
+def execute(results: Path, monkeypatch, **env: str) -> tuple[str, int]:
+    """Run the notebook in a fresh kernel; (its text and markdown output, how many PNGs it showed); raises on any cell error."""
+    monkeypatch.setenv("RESULTS_ROOT", str(results))
+    for name in ("RESULTS_DIR", "COMPARE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(results)}}
+    ).execute()
+    texts, images = [], 0
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            texts.append(output.get("text", ""))
+            data = output.get("data", {})
+            texts.append(data.get("text/markdown", ""))
+            images += "image/png" in data
+    return "\n".join(texts), images
+
+
+def test_the_results_follow_the_bench_format(results):
+    summary = json.loads((results / "20260101-120000-local" / "summary.json").read_text())
+    assert summary["smoke_weights"] is True
+    rows = summary["models"]["batching_food_classifier"]
+    assert [row["concurrency"] for row in rows] == [1, 2]
+    assert all(row["throughput"] > 0 and row["p95_us"] > 0 for row in rows)
+
+
+def test_the_notebook_opens_the_newest_run_and_compares_it_with_the_one_before(results, monkeypatch):
+    text, images = execute(results, monkeypatch)
+    assert "opening " + str(results / "20260102-120000-local") in text
+    assert "comparing with " + str(results / "20260101-120000-local") in text
+    assert "| concurrency | infer/s | p50 ms" in text, "the run's table"
+    assert "SMOKE WEIGHTS" in text
+    assert "| A infer/s | B infer/s |" in text and "| batching_food_classifier | 2 |" in text, "the comparison"
+    assert "Measured in one run only: food_classifier" in text
+    assert "hosts/local/batching_food_classifier.csv" in text, "the raw CSV"
+    # throughput.png and latency.png of the run, the latency/throughput plot, the comparison plot.
+    assert images >= 4
+
+
+def test_the_notebook_takes_its_runs_from_the_environment(results, monkeypatch):
+    text, images = execute(results, monkeypatch, RESULTS_DIR="20260101-120000-local", COMPARE_DIR="none")
+    assert "opening " + str(results / "20260101-120000-local") in text
+    assert "no second run" in text and "| A infer/s" not in text
+    assert "### food_classifier" in text
+    assert images >= 3
