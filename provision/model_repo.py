@@ -34,7 +34,14 @@ class RenderValues:
     food11_weights_path: str
     blip_source: str
     instances_per_gpu: int = 1
+    # 0: each classifier instance takes the serving host's CPUs divided by the
+    # model's instance count (decided on that host, in model.py).
     torch_threads: int = 0
+    # Decode large JPEGs at reduced size (the classifier's tolerance is in
+    # tests/test_preprocessing.py). Off unless asked: fabric.yaml turns it on.
+    reduced_decoding: bool = False
+    # GPU instances: decode JPEGs with nvJPEG (torchvision.io.decode_jpeg on CUDA).
+    gpu_decode: bool = False
     max_encoded_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
     # None: detect from the weights' SMOKE_WEIGHTS markers. Set it when the
@@ -68,6 +75,8 @@ class RenderValues:
             blip_source=str(blip_source),
             instances_per_gpu=int(models["instances_per_gpu"]),
             torch_threads=int(models["torch_threads"]),
+            reduced_decoding=bool(models.get("reduced_decoding", False)),
+            gpu_decode=bool(models.get("gpu_decode", False)),
             max_encoded_bytes=int(models["max_encoded_bytes"]),
             max_pixels=int(models["max_pixels"]),
         )

@@ -26,9 +26,10 @@ from serving_common import (
     DEFAULT_MAX_ENCODED_BYTES,
     DEFAULT_MAX_PIXELS,
     InvalidImage,
-    decode_image,
     instance_device,
     model_parameters,
+    parameter_flag,
+    threads_per_instance,
     triton_error_response,
 )
 
@@ -52,23 +53,37 @@ class TritonPythonModel:
         params = model_parameters(config)
         self.name = args["model_name"]
         self.log = _Log(self.name)
-        self.max_encoded_bytes = int(params.get("max_encoded_bytes") or DEFAULT_MAX_ENCODED_BYTES)
-        self.max_pixels = int(params.get("max_pixels") or DEFAULT_MAX_PIXELS)
 
-        threads = int(params.get("torch_threads") or 0)
-        if threads > 0:
-            torch.set_num_threads(threads)
+        # Set before the first torch operation of this stub process.
+        threads = threads_per_instance(config, int(params.get("torch_threads") or 0))
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(1)  # one forward pass at a time: no inter-op parallelism to use
+        except RuntimeError:
+            pass  # already fixed in this process
 
         device = instance_device(args["model_instance_kind"], args["model_instance_device_id"], self.log)
-        self.classifier = Food11Classifier(params["weights_path"], device=device)
+        self.classifier = Food11Classifier(
+            params["weights_path"],
+            device=device,
+            threads=threads,
+            reduced_decoding=parameter_flag(params, "reduced_decoding", default=False),
+            gpu_decode=parameter_flag(params, "gpu_decode", default=False),
+            max_encoded_bytes=int(params.get("max_encoded_bytes") or DEFAULT_MAX_ENCODED_BYTES),
+            max_pixels=int(params.get("max_pixels") or DEFAULT_MAX_PIXELS),
+        )
 
         self.log.info(
-            "instance %s on %s, weights %s, max_batch_size %s, torch threads %d",
+            "instance %s on %s, weights %s, max_batch_size %s, torch threads %d, reduced JPEG decoding %s, "
+            "preprocessing on %s, GPU JPEG decoding %s",
             args["model_instance_name"],
             device,
             params["weights_path"],
             config.get("max_batch_size", 0),
             torch.get_num_threads(),
+            "on" if self.classifier.min_side else "off",
+            "the device" if self.classifier.device_preprocessing else "the CPU",
+            "on" if self.classifier.gpu_decode else "off",
         )
         if params.get("cpu_fallback"):
             self.log.warning("%s", params["cpu_fallback"])
@@ -77,34 +92,40 @@ class TritonPythonModel:
 
     def execute(self, requests):
         responses = [None] * len(requests)
-        accepted = []  # (request index, input shape, preprocessed tensors)
-        for index, request in enumerate(requests):
-            items = pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()
-            try:
-                tensors = [
-                    self.classifier.preprocess(decode_image(item, self.max_encoded_bytes, self.max_pixels))
-                    for item in items.reshape(-1)
-                ]
-            except InvalidImage as error:
-                responses[index] = triton_error_response(pb_utils, f"{self.name}: {error}")
-                continue
-            accepted.append((index, items.shape, tensors))
+        # Every image of every request, in one list: the whole dynamic batch is
+        # decoded and preprocessed in parallel, then run in one forward pass.
+        items, spans, shapes = [], [], []
+        for request in requests:
+            array = pb_utils.get_input_tensor_by_name(request, "INPUT_IMAGE").as_numpy()
+            spans.append((len(items), len(items) + array.size))
+            shapes.append(array.shape)
+            items.extend(array.reshape(-1))
+        prepared = self.classifier.prepare(items)
 
+        accepted = []  # indices of the requests whose every image is usable
+        for index, (start, end) in enumerate(spans):
+            error = next((p for p in prepared[start:end] if isinstance(p, InvalidImage)), None)
+            if error is not None:
+                responses[index] = triton_error_response(pb_utils, f"{self.name}: {error}")
+            else:
+                accepted.append(index)
         if not accepted:
             return responses
+
         try:
-            batch = torch.stack([tensor for _, _, tensors in accepted for tensor in tensors])
+            batch = self.classifier.to_batch([p for i in accepted for p in prepared[spans[i][0] : spans[i][1]]])
             labels, probabilities = self.classifier.predict(batch)
         except Exception as error:  # noqa: BLE001 - fail these requests, keep the stub alive
-            for index, _, _ in accepted:
+            for index in accepted:
                 responses[index] = triton_error_response(
                     pb_utils, f"{self.name}: inference failed: {error}", client_error=False
                 )
             return responses
 
         offset = 0
-        for index, shape, tensors in accepted:
-            count = len(tensors)
+        for index in accepted:
+            start, end = spans[index]
+            count, shape = end - start, shapes[index]
             label_bytes = np.array([label.encode() for label in labels[offset : offset + count]], dtype=np.object_)
             responses[index] = pb_utils.InferenceResponse(
                 output_tensors=[
@@ -114,3 +135,6 @@ class TritonPythonModel:
             )
             offset += count
         return responses
+
+    def finalize(self):
+        self.classifier.close()

@@ -114,18 +114,71 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def reduce_on_decode(image: Image.Image, min_side: int) -> Image.Image:
+    """Let a JPEG decode at 1/2, 1/4 or 1/8 scale while its short side stays >= min_side.
+
+    libjpeg scales in the DCT domain, so a 4000x3000 photo meant for a 256 px
+    network input never has its 12 M pixels decoded just to be averaged away.
+    Call before the pixels are loaded; other formats are left as they are.
+    The size limits (open_image) apply to the size of the upload, not this one.
+    """
+    width, height = image.size
+    scale = min_side / min(width, height)
+    if image.format == "JPEG" and scale < 0.5:
+        # Pillow picks the largest reduction that keeps the image at least this size.
+        image.draft(image.mode, (max(1, int(width * scale + 0.5)), max(1, int(height * scale + 0.5))))
+    return image
+
+
 def decode_image(
     item: object,
     max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    min_side: int | None = None,
 ) -> Image.Image:
-    """One INPUT_IMAGE element -> an RGB image, or InvalidImage saying why not."""
-    return to_rgb(open_image(decode_base64(item, max_encoded_bytes), max_pixels))
+    """One INPUT_IMAGE element -> an RGB image, or InvalidImage saying why not.
+
+    min_side: decode large JPEGs at a reduced scale that keeps at least this
+    many pixels on the short side (see reduce_on_decode); None decodes in full.
+    """
+    image = open_image(decode_base64(item, max_encoded_bytes), max_pixels)
+    if min_side:
+        image = reduce_on_decode(image, min_side)
+    return to_rgb(image)
 
 
 def model_parameters(model_config: dict) -> dict[str, str]:
     """The `parameters { key: ... value: { string_value: ... } }` of a model config."""
     return {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
+
+
+def parameter_flag(params: dict[str, str], key: str, default: bool = False) -> bool:
+    """A true/false model-config parameter ("true", "1", "yes", "on" are true)."""
+    value = params.get(key, "").strip().lower()
+    return default if not value else value in ("true", "1", "yes", "on")
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_per_instance(model_config: dict, requested: int = 0) -> int:
+    """Torch (and preprocessing) threads for one instance of this model.
+
+    requested > 0 is taken as it is. Otherwise the host's CPUs are shared out
+    among the model's instances (every instance runs in its own stub process
+    with its own thread pools): N instances x torch's default of one thread
+    per core would put N threads on every core, and on a busy core an OpenMP
+    thread that is descheduled stalls all the others at the next barrier.
+    """
+    if requested > 0:
+        return requested
+    instances = sum(int(group.get("count", 1)) for group in model_config.get("instance_group", [])) or 1
+    return max(1, available_cpus() // instances)
 
 
 def instance_device(instance_kind: str, device_id: str | int, log: logging.Logger | None = None) -> str:
