@@ -76,6 +76,14 @@ class CredentialsError(ChameleonError):
     """A credential variable is missing or wrong; the message names it and where to get it."""
 
 
+class ResourceFailed(ChameleonError):
+    """A lease or server went to ERROR (or ended, or vanished: `status` says) while we waited for it."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message)
+        self.status = status
+
+
 class NoHostsError(ChameleonError):
     """No node of the requested type is free for the requested time."""
 
@@ -266,8 +274,9 @@ class ChameleonCloud:
             if ready(status):
                 return details
             if failed(status):
-                raise ChameleonError(
-                    f"{what} went to {status}" + (f": {details}" if isinstance(details, str) and details else "")
+                raise ResourceFailed(
+                    f"{what} went to {status}" + (f": {details}" if isinstance(details, str) and details else ""),
+                    status,
                 )
             if elapsed >= timeout_s:
                 raise ChameleonError(
@@ -429,7 +438,7 @@ class ChameleonCloud:
             return self._call(f"reading lease {lease_id}", _raise, error)
         return self._lease_view(body)
 
-    def wait_lease_active(self, lease_id: str, timeout_s: float, progress: Progress) -> dict:
+    def wait_lease_active(self, lease_id: str, timeout_s: float, progress: Progress, label: str = "") -> dict:
         """Wait until the lease is ACTIVE; raise ChameleonError if it goes to ERROR, ends or vanishes."""
 
         def fetch():
@@ -437,7 +446,7 @@ class ChameleonCloud:
             return ("GONE", None) if lease is None else (lease["status"], lease)
 
         return self._wait(
-            f"lease {lease_id}",
+            f"lease {label or lease_id}",
             fetch,
             lambda s: s == "ACTIVE",
             lambda s: s in LEASE_TERMINAL | {"GONE"},
@@ -547,7 +556,7 @@ class ChameleonCloud:
         except Exception as error:
             return self._call(f"reading server {server_id}", _raise, error)
 
-    def wait_server_active(self, server_id: str, timeout_s: float, progress: Progress) -> dict:
+    def wait_server_active(self, server_id: str, timeout_s: float, progress: Progress, label: str = "") -> dict:
         """Wait until the server is ACTIVE (bare metal: 10-20 min); raise with Nova's fault on ERROR."""
 
         def fetch():
@@ -557,7 +566,7 @@ class ChameleonCloud:
             return server["status"], (server if server["status"] != "ERROR" else server["fault"])
 
         return self._wait(
-            f"server {server_id}",
+            f"server {label or server_id}",
             fetch,
             lambda s: s == "ACTIVE",
             lambda s: s in ("ERROR", "GONE", "DELETED"),

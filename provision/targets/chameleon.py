@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision.chameleon import ChameleonCloud, ChameleonError, NoHostsError
+from provision.chameleon import ChameleonCloud, ChameleonError, NoHostsError, ResourceFailed
 from provision.config import defaults as project_defaults
 from provision.state import Host, State
 
@@ -210,28 +210,26 @@ def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save,
     if current["status"] != "ACTIVE":
         try:
             current = cloud.wait_lease_active(
-                current["id"], cfg["timeouts"]["lease_active_s"], lambda m: _say_step(say, m)
+                current["id"], cfg["timeouts"]["lease_active_s"], lambda m: _say_step(say, m), label=lease["name"]
             )
-        except ChameleonError as error:
-            if "went to ERROR" in str(error):
-                _discard_failed_lease(cloud, cfg, state, save, say)
-                raise cloud.no_hosts(
-                    info["node_type"], info["node_count"], cfg["lease_hours"], "the lease went to ERROR"
-                ) from None
-            raise
+        except ResourceFailed as error:
+            _discard_failed_lease(cloud, cfg, state, save, say)
+            if error.status == "ERROR":  # Blazar could not give us the node(s)
+                raise cloud.no_hosts(info["node_type"], info["node_count"], cfg["lease_hours"], str(error)) from None
+            raise ChameleonError(f"{error} while starting; run `fab provision --target chameleon` again") from None
     lease.update(current)
     state.record(f"lease {lease['name']} ACTIVE until {lease['end']}")
     save(state)
 
 
 def _discard_failed_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say) -> None:
-    """A lease in ERROR holds nothing useful: delete it, verify, forget it."""
+    """A lease in ERROR (or ended) holds nothing useful: delete it, verify, forget it."""
     lease = state.chameleon["lease"]
     _say_step(say, f"lease {lease['name']} failed: deleting it")
     cloud.delete_lease(lease["id"])
     _wait_gone(f"lease {lease['id']}", lambda: cloud.lease_exists(lease["id"]), cfg)
     state.chameleon["lease"] = {"name": lease["name"]}
-    state.record(f"lease {lease['name']} went to ERROR; deleted and verified gone")
+    state.record(f"lease {lease['name']} failed; deleted and verified gone")
     save(state)
 
 
@@ -261,20 +259,18 @@ def _provision_server(cloud, cfg, state, save, say, created, index, private_key)
         _say_step(say, f"waiting for {name} to become ACTIVE (bare metal takes 10-20 min)")
         try:
             current = cloud.wait_server_active(
-                current["id"], cfg["timeouts"]["server_active_s"], lambda m: _say_step(say, m)
+                current["id"], cfg["timeouts"]["server_active_s"], lambda m: _say_step(say, m), label=name
             )
-        except ChameleonError as error:
-            if "went to ERROR" in str(error):
-                # A server that failed to deploy is of no use and blocks the node: delete it, keep the lease.
-                cloud.delete_server(entry["id"])
-                _wait_gone(f"server {name}", lambda: cloud.server_exists(entry["id"]), cfg)
-                servers[index] = {"name": name}
-                state.record(f"server {name} went to ERROR; deleted and verified gone")
-                save(state)
-                raise ChameleonError(
-                    f"server {name} failed to deploy ({error}); it was deleted, the lease is kept"
-                ) from None
-            raise
+        except ResourceFailed as error:
+            # A server that failed to deploy is of no use and blocks the node: delete it, keep the lease.
+            cloud.delete_server(entry["id"])
+            _wait_gone(f"server {name}", lambda: cloud.server_exists(entry["id"]), cfg)
+            servers[index] = {"name": name}
+            state.record(f"server {name} went to {error.status}; deleted and verified gone")
+            save(state)
+            raise ChameleonError(
+                f"server {name} failed to deploy ({error}); it was deleted, the lease is kept"
+            ) from None
     entry.update(status="ACTIVE", fixed_ip=(current["fixed_ips"] or [None])[0])
     save(state)
     _attach_floating_ip(cloud, state, save, say, created, entry, current)
