@@ -10,13 +10,22 @@ RUNTIME := .runtime
 # This machine's disk holds the torch build pinned in constraints/local.txt.
 CONSTRAINTS ?= constraints/local.txt
 
-.PHONY: demo test setup venv runtime weights lint clean
+.PHONY: demo test setup venv runtime weights system-deps lint clean
 
 demo: setup
 	$(BIN)/python -m provision.demo
 
-test: setup
+test: setup system-deps
 	$(BIN)/python -m pytest
+
+# The ssh-target tests start their own sshd on 127.0.0.1.
+system-deps:
+	@test -x /usr/sbin/sshd || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
+	  else \
+	    echo "the ssh-target tests need sshd: sudo apt-get install openssh-server" >&2; exit 1; \
+	  fi; }
 
 setup: venv runtime weights
 

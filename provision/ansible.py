@@ -42,6 +42,12 @@ class PlaybookResult:
 
 def _failure_text(result: dict) -> str:
     """The most useful part of a failed task's result."""
+    if result.get("results"):  # a loop: the failed items say more than "One or more items failed"
+        failed = [item for item in result["results"] if item.get("failed")]
+        if failed:
+            return "\n".join(
+                f"({item.get('_ansible_item_label', item.get('item'))}) {_failure_text(item)}" for item in failed
+            )
     text = result.get("msg") or ""
     stdout = (result.get("stdout") or "").strip()
     if stdout.startswith("{"):
@@ -52,8 +58,6 @@ def _failure_text(result: dict) -> str:
     stderr = (result.get("stderr") or "").strip()
     if stderr and stderr not in text:
         text = f"{text}\n{stderr[-2000:]}" if text else stderr[-2000:]
-    if not text and result.get("results"):
-        text = "; ".join(_failure_text(item) for item in result["results"] if item.get("failed"))
     return text or json.dumps(result)[:2000]
 
 

@@ -43,6 +43,8 @@ def perf_runs(models: list[str], url: str, profile: dict) -> list[PerfRun]:
             measurement_interval_ms=int(profile["measurement_interval_ms"]),
             stability_percentage=int(profile["stability_percentage"]),
             max_trials=int(profile["max_trials"]),
+            measurement_mode=profile.get("measurement_mode", "time_windows"),
+            measurement_request_count=int(profile.get("measurement_request_count", 50)),
         )
         for model in models
     ]

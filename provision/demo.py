@@ -1,64 +1,50 @@
-"""`make demo`: the whole job on the local target.
+"""`make demo`: the whole job on the local target, as a user runs it.
 
-Renders the model repository for this machine, starts a real tritonserver,
-waits until every model is READY, runs one inference on each model with a
-generated JPEG, and stops the server.
+fab provision --target local -> fab deploy -> a classification through Triton
+-> fab bench --quick -> fab teardown (always, even after a failure), then
+says where the report is.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
-import time
+from pathlib import Path
 
-import numpy as np
-import tritonclient.http as triton_http
+from provision import config, sample_images
 
-from provision import config, local_serving, sample_images
-from provision.local_triton import TritonError
-from provision.model_repo import model_names
+FAB = str(Path(sys.executable).parent / "fab")
 
 
-def _infer(client, model: str, image_b64: bytes, outputs: list[str]) -> dict:
-    items = np.array([[image_b64]], dtype=np.object_)
-    image_input = triton_http.InferInput("INPUT_IMAGE", list(items.shape), "BYTES")
-    image_input.set_data_from_numpy(items)
-    result = client.infer(model, [image_input])
-    return {name: result.as_numpy(name).reshape(-1)[0] for name in outputs}
+def fab(*args: str) -> str:
+    print(f"\n$ fab {' '.join(args)}", flush=True)
+    done = subprocess.run([FAB, *args], cwd=config.PROJECT_ROOT, stdout=subprocess.PIPE, text=True)
+    print(done.stdout, end="", flush=True)
+    if done.returncode != 0:
+        raise SystemExit(f"demo stopped: `fab {' '.join(args)}` failed")
+    return done.stdout
 
 
 def main() -> int:
     settings = config.defaults()
-    repository, values = local_serving.render_local_repository(settings)
-    print(f"model repository rendered for {values.gpu_count} GPU(s): {repository}")
-    if values.smoke_weights:
-        print("SMOKE WEIGHTS: random values, labels and captions are meaningless")
-    server = local_serving.local_triton(settings)
-    models = model_names()
-    started = time.monotonic()
+    report = None
     try:
-        states = server.start(models, settings["triton_ready_timeout_s"])
-    except TritonError as error:
-        print(f"error: {error}", file=sys.stderr)
-        server.stop()
-        return 1
-    print(f"tritonserver ready in {time.monotonic() - started:.1f} s at {server.url} (log {server.log_file})")
-    for model in models:
-        print(f"  {model}: {states[model]}")
-    try:
-        client = triton_http.InferenceServerClient(f"{server.host}:{server.http_port}")
-        image = sample_images.b64(sample_images.jpeg())
-        for model in models:
-            if model == "conditional_captioning":
-                continue  # reached through the ensemble
-            outputs = ["OUTPUT", "FOOD_LABEL"] if model == "ensemble" else ["FOOD_LABEL", "PROBABILITY"]
-            answer = _infer(client, model, image, outputs)
-            shown = ", ".join(
-                f"{k}={v.decode() if isinstance(v, bytes) else round(float(v), 4)}" for k, v in answer.items()
-            )
-            print(f"  {model}: {shown}")
+        fab("provision", "--target", "local")
+        fab("deploy")
+        fab("status")
+        photo = config.runtime_dir(settings) / "demo.jpg"
+        photo.write_bytes(sample_images.jpeg())
+        print(f"\n$ python client_scripts/classify.py {photo}", flush=True)
+        subprocess.run(
+            [sys.executable, str(config.PROJECT_ROOT / "client_scripts" / "classify.py"), str(photo),
+             "--url", f"127.0.0.1:{settings['ports']['triton_http']}"],
+            check=False,
+        )  # fmt: skip
+        output = fab("bench", "--quick")
+        report = next((line.split(": ", 1)[1] for line in output.splitlines() if line.startswith("report: ")), None)
     finally:
-        server.stop()
-        print("tritonserver stopped")
+        fab("teardown")
+    print(f"\nThe report of this run: {report}")
     return 0
 
 

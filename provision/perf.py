@@ -47,6 +47,10 @@ class PerfRun:
     measurement_interval_ms: int = 5000
     stability_percentage: int = 10
     max_trials: int = 10
+    # "time_windows" (windows of measurement_interval_ms) or "count_windows"
+    # (windows of measurement_request_count requests: robust on slow, busy machines).
+    measurement_mode: str = "time_windows"
+    measurement_request_count: int = 50
     extra_args: list[str] = field(default_factory=list)
 
     def command(self, perf_analyzer: str = "perf_analyzer") -> list[str]:
@@ -62,8 +66,13 @@ class PerfRun:
             self.concurrency_range,
             "--input-data",
             str(self.input_json),
-            "--measurement-interval",
-            str(self.measurement_interval_ms),
+            "--measurement-mode",
+            self.measurement_mode,
+            *(
+                ["--measurement-request-count", str(self.measurement_request_count)]
+                if self.measurement_mode == "count_windows"
+                else ["--measurement-interval", str(self.measurement_interval_ms)]
+            ),
             "--stability-percentage",
             str(self.stability_percentage),
             "--max-trials",

@@ -102,7 +102,11 @@ def _markdown(summary: dict, host_name: str) -> str:
         f"- Triton {facts.get('triton', {}).get('version')}, torch {facts.get('torch', {}).get('version')}, "
         f"Python {facts.get('python')}",
         f"- profile: {summary['profile']['name']} (concurrency {summary['profile']['concurrency_range']}, "
-        f"{summary['profile']['measurement_interval_ms']} ms windows)",
+        + (
+            f"windows of {summary['profile']['measurement_request_count']} requests)"
+            if summary["profile"].get("measurement_mode") == "count_windows"
+            else f"{summary['profile']['measurement_interval_ms']} ms windows)"
+        ),
         f"- git commit: {summary['git']['commit']}{' (with uncommitted changes)' if summary['git']['dirty'] else ''}",
         "",
     ]

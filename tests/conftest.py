@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from fab_runner import Lab
+from sshd import start_sshd
 
 from provision import config, smoke_weights
 from provision.local_triton import TritonProcess, TritonRuntime
@@ -78,5 +80,32 @@ def triton_server(tmp_path_factory, render_values, triton_runtime):
         metrics_port=metrics_port,
     )
     server.start(model_names(), timeout_s=300)
+    yield server
+    server.stop()
+
+
+# ---- the pipeline: isolated users of `fab`, and an SSH host
+
+PORT_NAMES = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
+
+
+def new_lab(tmp_path) -> Lab:
+    """A user of the project with a private state file, deploy folders, results and free ports."""
+    return Lab(tmp_path, ports=dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)))))
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A Lab that is torn down even when the test fails half-way."""
+    user = new_lab(tmp_path)
+    yield user
+    if user.state() is not None:
+        user.fab("teardown", "--purge", check=False)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """A real sshd on 127.0.0.1 (own config, host key and authorized key)."""
+    server = start_sshd(tmp_path_factory.mktemp("sshd"), free_ports(1)[0])
     yield server
     server.stop()

@@ -11,14 +11,11 @@ import re
 import sys
 
 import pytest
-from conftest import free_ports
-from lab import Lab, our_processes
-from sshd import start_sshd
+from fab_runner import Lab, our_processes
 
 from provision.background import port_is_free
 from provision.model_repo import model_names
 
-PORT_NAMES = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
 BENCH_MODELS = [
     "food_classifier",
     "gpu_food_classifier",
@@ -26,17 +23,6 @@ BENCH_MODELS = [
     "multigpu_food_classifier",
     "ensemble",
 ]
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = start_sshd(tmp_path_factory.mktemp("sshd"), free_ports(1)[0])
-    yield server
-    server.stop()
-
-
-def new_lab(tmp_path) -> Lab:
-    return Lab(tmp_path, ports=dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)))))
 
 
 def provision_args(target: str, sshd) -> list[str]:
@@ -60,8 +46,7 @@ def service_pids(lab: Lab) -> dict:
 
 
 @pytest.mark.parametrize("target", ["local", "ssh"])
-def test_the_whole_pipeline(target, tmp_path, sshd):
-    lab = new_lab(tmp_path)
+def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     deploy_dir = tmp_path / ("deploy-local" if target == "local" else "deploy-remote")
 
     provisioned = lab.fab(*provision_args(target, sshd)).stdout
