@@ -201,12 +201,12 @@ def seed_preprocess(item_b64: bytes):
 
 
 def ours_preprocess(classifier, item_b64: bytes):
-    """The classifier's own path from a base64 item to its network input batch."""
-    if hasattr(classifier, "prepare_batch"):
-        batch, errors = classifier.prepare_batch([item_b64])
-        if errors[0] is not None:
-            raise errors[0]
-        return batch
+    """The classifier's own path from a base64 item to its network input batch (reduced decoding on)."""
+    if hasattr(classifier, "prepare"):  # the batch path model.py runs: prepare() then to_batch()
+        (prepared,) = classifier.prepare([item_b64])
+        if isinstance(prepared, Exception):
+            raise prepared
+        return classifier.to_batch([prepared])
     # Model code without prepare_batch (the seed's): its model.py decodes and preprocesses per item.
     from serving_common import decode_image
 
@@ -228,7 +228,7 @@ def preprocessing_times(version_dir: Path, weights: Path, seconds: float) -> dic
     """ms per image, seed path vs the classifier's, for a small and a phone-sized JPEG."""
     load_model_code(version_dir)
     food11 = sys.modules["food11"]
-    classifier = food11.Food11Classifier(weights)
+    classifier = food11.Food11Classifier(weights)  # defaults: the current code decodes large JPEGs reduced
     times = {}
     for name, size in (("small 512x384", sample_images.SMALL), ("phone 4000x3000", sample_images.PHONE)):
         item = sample_images.b64(sample_images.jpeg(size, seed=3))
@@ -369,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw-seconds", type=float, default=4.0, help="time per raw batch size (s)")
     parser.add_argument("--preprocess-seconds", type=float, default=2.0, help="time per preprocessing figure (s)")
     parser.add_argument("--images", type=int, default=8, help="distinct 512x384 JPEGs cycled through")
+    parser.add_argument("--torch-threads", type=int, help="render this torch_threads (default: fabric.yaml's)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (repository, CSVs, log)")
     args = parser.parse_args(argv)
@@ -383,8 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         smoke_weights.generate(scratch / "weights")
         food11_weights = scratch / "weights" / smoke_weights.FOOD11_FILE
+        settings = config.defaults()
+        if args.torch_threads is not None:
+            settings["models"]["torch_threads"] = args.torch_threads
         values = RenderValues.from_settings(
-            0, str(food11_weights), str(scratch / "weights" / smoke_weights.BLIP_FOLDER), config.defaults()
+            0, str(food11_weights), str(scratch / "weights" / smoke_weights.BLIP_FOLDER), settings
         )
         versions = [Version("current tree", config.MODEL_REPOSITORY)]
         if args.baseline_ref:

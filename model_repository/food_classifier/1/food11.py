@@ -204,7 +204,7 @@ class Food11Classifier:
         if image.mode != "RGB":
             image = image.convert("RGB")
         if self.device_preprocessing:
-            return torch.from_numpy(np.asarray(image))  # HWC uint8, resized on the device
+            return torch.from_numpy(np.array(image))  # HWC uint8 (a writable copy), resized on the device
         # Pillow's resize and crop, exactly as transforms.Resize and CenterCrop do them.
         return np.asarray(F.center_crop(F.resize(image, RESIZE_TO), CROP_TO))
 
