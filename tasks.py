@@ -41,13 +41,40 @@ def _state():
         "host": "ssh target: a host name or address (repeat or comma-separate for several)",
         "user": "ssh target: login user (default: your user name)",
         "port": "ssh target: SSH port (default 22)",
-        "key": "ssh target: private key file",
+        "key": "ssh and chameleon targets: private key file",
         "python": "ssh target: the host's Python for Ansible (default: discovered)",
         "serving_venv": "reuse this existing virtualenv on the host for serving (default: create one)",
+        "site": "chameleon: site (default lab.chameleon.site, CHI@TACC)",
+        "node_type": "chameleon: node type (default gpu_p100)",
+        "image": "chameleon: image (default CC-Ubuntu24.04-CUDA)",
+        "hours": "chameleon: lease length in hours (default 3)",
+        "count": "chameleon: number of nodes (default 1)",
+        "key_name": "chameleon: key pair name (default derived from your user; uploaded if missing)",
+        "public_key": "chameleon: public key to upload (default ~/.ssh/id_rsa.pub)",
     },
 )
-def provision(c, target="", host=None, user="", port=22, key="", python="", serving_venv=""):
-    """Reserve or record the hosts to serve on, and render inventory/hosts.yml."""
+def provision(
+    c,
+    target="",
+    host=None,
+    user="",
+    port=22,
+    key="",
+    python="",
+    serving_venv="",
+    site="",
+    node_type="",
+    image="",
+    hours=0.0,
+    count=0,
+    key_name="",
+    public_key="",
+):
+    """Reserve or record the hosts to serve on, and render inventory/hosts.yml.
+
+    Chameleon reads your credentials from the environment (source the
+    OpenStack RC file of your project first); none of them is stored.
+    """
     settings = _settings(c)
     target = target or settings["target"]
     try:
@@ -60,13 +87,28 @@ def provision(c, target="", host=None, user="", port=22, key="", python="", serv
             f"error: already provisioned on the {current.target} target: run `fab teardown` first, "
             f"then `fab provision --target {target}`"
         )
-    options = {"hosts": host, "user": user, "port": port, "key": key, "python": python, "serving_venv": serving_venv}
+    options = {
+        "hosts": host, "user": user, "port": port, "key": key, "python": python, "serving_venv": serving_venv,
+        "site": site, "node_type": node_type, "image": image, "hours": hours, "count": count,
+        "key_name": key_name, "public_key": public_key, "private_key": key,
+    }  # fmt: skip
     try:
         new_state = module.provision(settings, options, current, state_module.save, print)
     except (ValueError, RuntimeError) as error:
+        _forget_empty_chameleon_state()
         raise Exit(f"error: {error}") from None
     print(f"inventory: {inventory.render(new_state)}")
     print("next: fab deploy")
+
+
+def _forget_empty_chameleon_state() -> None:
+    """A chameleon provision that failed before creating anything leaves only names: forget them."""
+    recorded = state_module.load()
+    if recorded is None or recorded.target != "chameleon":
+        return
+    info = recorded.chameleon
+    if not info.get("lease", {}).get("id") and not info.get("servers") and not info.get("floating_ips"):
+        state_module.clear()
 
 
 @task
@@ -122,8 +164,63 @@ def status(c):
     """Show the target, the hosts, each service's health, the models' states and the URLs."""
     from provision.status import describe
 
-    for line in describe(_state()):
+    state = _state()
+    if state.target == "chameleon":
+        _print_chameleon_status(c, state)
+    for line in describe(state):
         print(line)
+
+
+def _print_chameleon_status(c, state) -> None:
+    from provision.targets import chameleon
+
+    report = chameleon.status(state, _settings(c))
+    if report.get("error"):
+        print(f"chameleon: {report['error']}")
+    lease = report.get("lease") or {}
+    if lease:
+        print(
+            f"lease {lease.get('name')} on {report.get('site')}: {lease.get('status')}, "
+            f"ends {lease.get('end')} ({lease.get('time_left')} left)"
+        )
+    for server in report.get("servers", []):
+        print(f"server {server['name']}: {server['status']}, floating IP {server.get('floating_ip')}")
+
+
+@task(help={"hours": "hours to add to the lease"})
+def extend(c, hours=1):
+    """Chameleon: extend the lease by N hours (possible within 48 h of its end)."""
+    from provision.targets import chameleon
+
+    state = _state()
+    if state.target != "chameleon":
+        raise Exit(f"error: only a chameleon lease can be extended (this target is {state.target})")
+    try:
+        chameleon.extend(state, _settings(c), int(hours), state_module.save, print)
+    except (ValueError, RuntimeError) as error:
+        raise Exit(f"error: {error}") from None
+
+
+@task(help={"node": "which host (name or index, default the first)"})
+def ssh(c, node="0"):
+    """Open a shell on a provisioned host."""
+    import os
+
+    state = _state()
+    hosts = state.hosts
+    chosen = next((h for h in hosts if h.name == node), None) or (
+        hosts[int(node)] if node.isdigit() and int(node) < len(hosts) else None
+    )
+    if chosen is None:
+        raise Exit(f"error: no host {node!r}; hosts: {', '.join(h.name for h in hosts)}")
+    if chosen.connection == "local":
+        raise Exit("error: the local target is this machine: no SSH needed")
+    command = ["ssh", "-p", str(chosen.port), "-o", "StrictHostKeyChecking=accept-new",
+               "-o", f"UserKnownHostsFile={inventory.known_hosts_file()}"]  # fmt: skip
+    if chosen.key:
+        command += ["-i", chosen.key]
+    command.append(f"{chosen.user}@{chosen.address}" if chosen.user else chosen.address)
+    os.execvp("ssh", command)
 
 
 @task(help={"service": "triton or api", "lines": "how many lines (default 50)"})

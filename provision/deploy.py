@@ -35,7 +35,15 @@ def _replace_tree(source: Path, destination: Path, ignore=None) -> None:
     shutil.copytree(source, destination, ignore=ignore)
 
 
-def stage_bundle(settings: dict) -> dict:
+def serving_pins(settings: dict, state: state_module.State) -> tuple[str, str]:
+    """(constraints file, extra pip arguments) of the serving torch for this target's GPUs."""
+    if state.target == "chameleon":
+        chameleon = settings.get("chameleon") or {}
+        return chameleon.get("constraints", "constraints/p100.txt"), chameleon.get("pip_extra_args", "")
+    return settings["constraints"], settings.get("pip_extra_args", "")
+
+
+def stage_bundle(settings: dict, state: state_module.State) -> dict:
     """Write the bundle; return facts the playbook needs (smoke flag, BLIP source as the host sees it)."""
     bundle = bundle_dir()
     bundle.mkdir(parents=True, exist_ok=True)
@@ -56,7 +64,7 @@ def stage_bundle(settings: dict) -> dict:
     requirements.mkdir(exist_ok=True)
     shutil.copy2(config.SERVING_REQUIREMENTS, requirements / "serving.txt")
     shutil.copy2(config.PROJECT_ROOT / "client_scripts" / "requirements.txt", requirements / "api.txt")
-    shutil.copy2(config.PROJECT_ROOT / settings["constraints"], requirements / "constraints.txt")
+    shutil.copy2(config.PROJECT_ROOT / serving_pins(settings, state)[0], requirements / "constraints.txt")
     (requirements / "all.txt").write_text("-r serving.txt\n-r api.txt\n")
 
     food11, blip = weight_sources(settings)
@@ -95,13 +103,13 @@ def extravars(settings: dict, state: state_module.State) -> dict:
         "lab_ready_timeout_s": int(settings["triton_ready_timeout_s"]),
         "lab_triton_wheel": settings["triton_wheel"],
         "lab_model_settings": dict(settings["models"]),
-        "lab_pip_extra_args": settings.get("pip_extra_args", ""),
+        "lab_pip_extra_args": serving_pins(settings, state)[1],
     }
 
 
 def deploy(settings: dict, state: state_module.State, say: Callable[[str], None] = print) -> PlaybookResult:
     """Run the deploy playbook; record progress in the state before and after."""
-    staged = stage_bundle(settings)
+    staged = stage_bundle(settings, state)
     variables = extravars(settings, state) | {
         "lab_smoke_weights": staged["smoke_weights"],
         "lab_blip_source_on_host": staged["blip_on_host"],

@@ -45,9 +45,10 @@ class Lab:
         env.update(self.extra_env)
         return env
 
-    def fab(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    def fab(self, *args: str, check: bool = True, timeout: float = 900, env: dict | None = None):
+        """Run `fab ARGS` as this user; env replaces the whole environment when given."""
         done = subprocess.run(
-            [FAB, *args], cwd=PROJECT_ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout
+            [FAB, *args], cwd=PROJECT_ROOT, env=env or self.env(), capture_output=True, text=True, timeout=timeout
         )
         if check and done.returncode != 0:
             raise AssertionError(f"fab {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")

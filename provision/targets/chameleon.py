@@ -114,6 +114,7 @@ def _say_step(say: Say, text: str) -> None:
 def provision(settings: dict, options: dict, state: State | None, save: Save, say: Say) -> State:
     """Reserve and launch the node(s); return the state with the hosts recorded."""
     cfg = config(settings, options)
+    cloud = _cloud(cfg)  # first: missing credentials are the most likely problem, and name what to set
     public_key, private_key = _keys(cfg)
     recorded = state.chameleon if state is not None and state.target == "chameleon" else {}
     if recorded.get("lease", {}).get("id"):
@@ -123,7 +124,6 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
                     f"already provisioned with {label} {recorded[key]} (asked: {cfg[key]}): "
                     "run `fab teardown` first to change it, or drop the flag to continue"
                 )
-    cloud = _cloud(cfg)
     if state is None or state.target != "chameleon":
         state = State(target="chameleon")
     info = state.chameleon
