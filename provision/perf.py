@@ -94,6 +94,18 @@ class PerfRun:
         return result
 
 
+# perf_analyzer 2.51 writes no "Avg latency" column: the average is the sum of its parts.
+_LATENCY_PARTS = (
+    "Client Send",
+    "Network+Server Send/Recv",
+    "Server Queue",
+    "Server Compute Input",
+    "Server Compute Infer",
+    "Server Compute Output",
+    "Client Recv",
+)
+
+
 def parse_csv(path: Path) -> list[dict]:
     """perf_analyzer's CSV -> [{"concurrency": 2, "throughput": 51.2, "p50_us": ...}], by concurrency."""
     rows = []
@@ -104,6 +116,8 @@ def parse_csv(path: Path) -> list[dict]:
                 if column in raw and raw[column] not in ("", None):
                     value = float(raw[column])
                     row[name] = int(value) if name == "concurrency" else value
+            if "avg_us" not in row and all(raw.get(part) not in ("", None) for part in _LATENCY_PARTS):
+                row["avg_us"] = sum(float(raw[part]) for part in _LATENCY_PARTS)
             if "concurrency" in row and "throughput" in row:
                 rows.append(row)
     if not rows:
