@@ -66,6 +66,7 @@ MODELS = (BATCHING, NO_BATCHING)
 RAW_BATCH_SIZES = (1, 4, 8, 16)
 CONCURRENCIES = (1, 8, 16)
 BASELINE_PREFIX = "baseline_"
+PERF_ANALYZER = Path(sys.executable).parent / "perf_analyzer"  # from the tritonclient wheel
 MODEL_MODULES = ("model", "food11", "serving_common", "triton_python_backend_utils")
 
 
@@ -139,8 +140,15 @@ def load_model_code(version_dir: Path) -> types.ModuleType:
         sys.path.remove(str(version_dir))
 
 
-def raw_throughput(version_dir: Path, model_config: dict, images_b64: list[bytes], seconds: float) -> dict:
-    """images/s of model.py's execute() on dynamic batches of RAW_BATCH_SIZES one-image requests."""
+def raw_throughput(
+    version_dir: Path,
+    model_config: dict,
+    images_b64: list[bytes],
+    seconds: float,
+    kind: str = "CPU",
+    batch_sizes: tuple[int, ...] = RAW_BATCH_SIZES,
+) -> dict:
+    """images/s of model.py's execute() on dynamic batches of `batch_sizes` one-image requests."""
     import torch
 
     module = load_model_code(version_dir)
@@ -150,13 +158,13 @@ def raw_throughput(version_dir: Path, model_config: dict, images_b64: list[bytes
         {
             "model_config": json.dumps(model_config),
             "model_name": model_config["name"],
-            "model_instance_kind": "CPU",
+            "model_instance_kind": kind,
             "model_instance_device_id": "0",
             "model_instance_name": f"{model_config['name']}_raw",
         }
     )
     result = {"torch_threads": torch.get_num_threads(), "images_per_s": {}}
-    for batch_size in RAW_BATCH_SIZES:
+    for batch_size in batch_sizes:
         requests = [
             utils.InferenceRequest(
                 [utils.Tensor("INPUT_IMAGE", np.array([[images_b64[i % len(images_b64)]]], dtype=np.object_))]
@@ -286,12 +294,18 @@ def model_config(server: TritonProcess, model: str) -> dict:
 
 
 def served_throughput(
-    server: TritonProcess, model: str, input_json: Path, work: Path, interval_ms: int, env: dict
+    server: TritonProcess,
+    model: str,
+    input_json: Path,
+    work: Path,
+    interval_ms: int,
+    env: dict,
+    concurrencies: tuple[int, ...] = CONCURRENCIES,
 ) -> dict[int, float]:
-    """infer/s of one model at CONCURRENCIES (one perf_analyzer run each)."""
-    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")  # from the tritonclient wheel
+    """infer/s of one model at `concurrencies` (one perf_analyzer run each)."""
+    perf_analyzer = str(PERF_ANALYZER)
     throughput = {}
-    for concurrency in CONCURRENCIES:
+    for concurrency in concurrencies:
         run = PerfRun(
             model=model,
             url=f"{server.host}:{server.http_port}",
@@ -397,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         repository = scratch / "models"
         render_versions(versions, values, repository, scratch)
 
-        http_port, grpc_port, metrics_port = _free_ports(3)
+        http_port, grpc_port, metrics_port = free_ports(3)
         server = TritonProcess(
             runtime_root=runtime.root,
             model_repository=repository,
@@ -444,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     import socket
 
     sockets = [socket.socket() for _ in range(count)]
