@@ -1,9 +1,10 @@
 """fab bench: perf_analyzer on every host against each model, results to results/<run-id>/.
 
-The controller builds the perf_analyzer command lines and the input file (a
-real JPEG, generated), playbooks/bench.yml runs them on the hosts and brings
-back the CSVs, logs, deployed configs and host facts, and provision.report
-writes summary.json, report.md and the plots.
+The controller builds the perf_analyzer command lines and a real JPEG;
+playbooks/bench.yml turns the JPEG into perf_analyzer's input on each host
+(client_scripts/make_perf_input.py), runs the command lines there and brings
+back the CSVs, logs, deployed configs and host facts; provision.report writes
+summary.json, report.md and the plots.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from provision import config, sample_images
 from provision import state as state_module
 from provision.ansible import run_playbook
 from provision.model_repo import model_names
-from provision.perf import PerfRun, write_input_json
+from provision.perf import PerfRun
 from provision.report import write_report
 
 
@@ -82,9 +83,8 @@ def bench(
     for host in state.hosts:  # where the playbook saves each host's results
         (results / "hosts" / host.name / "configs").mkdir(parents=True, exist_ok=True)
 
-    image = results / "input.jpg"
+    image = results / "input.jpg"  # the host turns it into perf_analyzer's input (client_scripts/make_perf_input.py)
     image.write_bytes(sample_images.jpeg())
-    input_json = write_input_json(results / "input.json", [sample_images.b64(image.read_bytes())])
 
     bind = state.deploy["bind_address"]
     ports = state.deploy["ports"]
@@ -99,7 +99,7 @@ def bench(
             "lab_ports": ports,
             "lab_models": model_names(),
             "lab_results_dir": str(results),
-            "lab_input_json": str(input_json),
+            "lab_input_image": str(image),
             "lab_bench_runs": [{"model": run.model, "args": run.command()[1:]} for run in runs],
         },
         say,

@@ -6,7 +6,7 @@ results/<run-id>/
   throughput.png        throughput vs concurrency, one line per model
   latency.png           p50/p90/p95/p99 vs concurrency, one panel per model
   hosts/<host>/         raw perf_analyzer CSVs and logs, host.json, configs/ as deployed
-  input.jpg, input.json the benchmark input
+  input.jpg             the benchmark image (hosts/<host>/input.json: perf_analyzer input made from it)
 """
 
 from __future__ import annotations

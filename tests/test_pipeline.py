@@ -77,7 +77,7 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     after = service_pids(lab)
     assert after["tritonserver"] != before["tritonserver"] and after["api"] == before["api"]
 
-    logs = lab.fab("logs", "--service", "triton").stdout
+    logs = lab.fab("logs", "--service", "triton", "--lines", "2000").stdout
     assert "SMOKE WEIGHTS" in logs, "the server log says the weights are smoke weights"
     assert "Uvicorn running" in lab.fab("logs", "--service", "api").stdout
 
