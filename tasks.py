@@ -223,7 +223,7 @@ def ssh(c, node="0"):
     os.execvp("ssh", command)
 
 
-@task(help={"service": "triton or api", "lines": "how many lines (default 50)"})
+@task(help={"service": "triton, api or jupyter", "lines": "how many lines (default 50)"})
 def logs(c, service="triton", lines=50):
     """Show the recent log of a service on every host."""
     from provision.status import logs as read_logs

@@ -6,14 +6,14 @@ Ansible reads, so a second deploy with nothing changed reports no change.
 
     python -m provision.process_runtime --config HOME/runtime.json install-triton
     python -m provision.process_runtime --config HOME/runtime.json check-ports
-    python -m provision.process_runtime --config HOME/runtime.json start triton|api
-    python -m provision.process_runtime --config HOME/runtime.json restart triton|api
-    python -m provision.process_runtime --config HOME/runtime.json stop triton|api|all
+    python -m provision.process_runtime --config HOME/runtime.json start triton|api|jupyter
+    python -m provision.process_runtime --config HOME/runtime.json restart triton|api|jupyter
+    python -m provision.process_runtime --config HOME/runtime.json stop triton|api|jupyter|all
     python -m provision.process_runtime --config HOME/runtime.json status
 
 runtime.json (rendered by the role) names the paths and ports:
     {"home": ..., "serving_python": ..., "triton_wheel": ..., "bind_address": "127.0.0.1",
-     "ports": {"triton_http": 8000, "triton_grpc": 8001, "triton_metrics": 8002, "api": 8080},
+     "ports": {"triton_http": 8000, "triton_grpc": 8001, "triton_metrics": 8002, "api": 8080, "jupyter": 8888},
      "models": [...], "ready_timeout_s": 300}
 Standard library only (plus this package's other standard-library modules).
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import time
 import urllib.error
@@ -33,7 +34,7 @@ from pathlib import Path
 from provision.background import BackgroundProcess, port_is_free
 from provision.local_triton import TritonError, TritonProcess, TritonRuntime, install
 
-SERVICES = ("triton", "api")
+SERVICES = ("triton", "api", "jupyter")
 
 
 @dataclass
@@ -127,14 +128,84 @@ class ApiService:
             time.sleep(0.3)
 
 
+@dataclass
+class JupyterService:
+    """JupyterLab on the client scripts (profiling.ipynb), behind a token.
+
+    The token is made on the host, kept in run/jupyter.token (mode 0600) and
+    handed over in JUPYTER_TOKEN, never on the command line (ps would show
+    it); WARN logging keeps Jupyter from printing URLs with the token.
+    """
+
+    config: RuntimeConfig
+
+    def __post_init__(self):
+        self.process = BackgroundProcess("jupyter", self.config.run_dir, stop_timeout_s=10)
+        self.token_file = self.config.run_dir / "jupyter.token"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.bind_address}:{self.config.ports['jupyter']}"
+
+    def token(self) -> str:
+        if not self.token_file.exists():
+            self.config.run_dir.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as file:
+                file.write(secrets.token_urlsafe(32))
+        return self.token_file.read_text().strip()
+
+    def command(self) -> list[str]:
+        command = [
+            self.config.serving_python, "-m", "jupyter", "lab", "--no-browser",
+            "--ip", self.config.bind_address, "--port", str(self.config.ports["jupyter"]),
+            f"--ServerApp.root_dir={self.config.home / 'client_scripts'}",
+            "--ServerApp.log_level=WARN",
+        ]  # fmt: skip
+        if os.geteuid() == 0:
+            command.append("--allow-root")  # e.g. a container or a test host; it listens on bind_address only
+        return command
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        env["JUPYTER_TOKEN"] = self.token()
+        env["TRITON_URL"] = f"{self.config.bind_address}:{self.config.ports['triton_http']}"
+        return env
+
+    def healthy(self) -> bool:
+        """Up and accepting our token."""
+        if not self.token_file.exists():
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/status?token={self.token()}", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self, timeout_s: float = 90) -> None:
+        if self.process.pid() is None:
+            self.process.launch(self.command(), self.environment(), cwd=self.config.home)
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if self.process.pid() is None:
+                raise TritonError(f"Jupyter exited during start-up.\n{self.process.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TritonError(f"Jupyter is not up after {timeout_s:.0f} s.\n{self.process.log_tail()}")
+            time.sleep(0.5)
+
+
 def _ports_of(service: str, config: RuntimeConfig) -> list[int]:
     if service == "triton":
         return [config.ports[name] for name in ("triton_http", "triton_grpc", "triton_metrics")]
-    return [config.ports["api"]]
+    return [config.ports[service]]
+
+
+def _service(service: str, config: RuntimeConfig):
+    return {"api": ApiService, "jupyter": JupyterService}[service](config)
 
 
 def _process(service: str, config: RuntimeConfig):
-    return triton(config) if service == "triton" else ApiService(config).process
+    return triton(config) if service == "triton" else _service(service, config).process
 
 
 def check_ports(config: RuntimeConfig) -> dict:
@@ -156,20 +227,18 @@ def start(service: str, config: RuntimeConfig) -> bool:
         was_running = server.pid() is not None
         server.start(config.models, config.ready_timeout_s)
         return not was_running
-    api = ApiService(config)
-    was_running = api.process.pid() is not None
-    api.start()
+    other = _service(service, config)
+    was_running = other.process.pid() is not None
+    other.start()
     return not was_running
 
 
 def stop(service: str, config: RuntimeConfig) -> bool:
-    if service == "triton":
-        return triton(config).stop()
-    return ApiService(config).process.stop()
+    return _process(service, config).stop()
 
 
 def status(config: RuntimeConfig) -> dict:
-    server, api = triton(config), ApiService(config)
+    server, api, jupyter = triton(config), ApiService(config), JupyterService(config)
     return {
         "triton": {
             "pid": server.pid(),
@@ -179,6 +248,13 @@ def status(config: RuntimeConfig) -> dict:
             "log": str(server.log_file),
         },
         "api": {"pid": api.process.pid(), "url": api.url, "healthy": api.healthy(), "log": str(api.process.log_file)},
+        "jupyter": {
+            "pid": jupyter.process.pid(),
+            "healthy": jupyter.healthy(),
+            # The URL with the token: printed by `fab status` to the user's terminal, never logged.
+            "url": f"{jupyter.url}/lab?token={jupyter.token()}" if jupyter.token_file.exists() else jupyter.url,
+            "log": str(jupyter.process.log_file),
+        },
     }
 
 

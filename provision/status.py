@@ -9,7 +9,7 @@ from provision import hosts as host_commands
 from provision import state as state_module
 from provision.hosts import HostError
 
-LOG_FILES = {"triton": "tritonserver.log", "api": "api.log"}
+LOG_FILES = {"triton": "tritonserver.log", "api": "api.log", "jupyter": "jupyter.log"}
 
 
 def _runtime_command(deployed: dict, subcommand: str) -> str:
@@ -68,6 +68,11 @@ def describe(state: state_module.State) -> list[str]:
         lines.append(
             f"  api: {'healthy' if api['healthy'] else 'DOWN'} (pid {api['pid'] or '-'}) {api['url']}  log: {api['log']}"
         )
+        jupyter = status.get("jupyter")
+        if jupyter:
+            lines.append(
+                f"  jupyter: {'healthy' if jupyter['healthy'] else 'DOWN'} (pid {jupyter['pid'] or '-'}) {jupyter['url']}"
+            )
     return lines
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 from fab_runner import Lab, our_processes
@@ -34,6 +36,17 @@ def provision_args(target: str, sshd) -> list[str]:
         # The host is this machine: reuse the project's environment instead of a second torch install.
         "--serving-venv", sys.prefix,
     ]  # fmt: skip
+
+
+def assert_jupyter_needs_its_token(status: str) -> None:
+    url = re.search(r"jupyter: healthy \(pid \d+\) (\S+)", status).group(1)
+    assert url.startswith("http://127.0.0.1:") and "/lab?token=" in url
+    base, token = url.split("/lab?token=")
+    with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=10) as response:
+        assert response.status == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/api/status", timeout=10)
+    assert refused.value.code == 403
 
 
 def changed_tasks(output: str) -> list[str]:
@@ -68,6 +81,7 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     for model in model_names():
         assert f"{model}: READY" in status
     before = service_pids(lab)
+    assert_jupyter_needs_its_token(status)
 
     # A changed model config (here: an image size limit) restarts Triton, and only Triton.
     lab.extra_env["FABRIC_LAB_MODELS_MAX_PIXELS"] = "30000000"
@@ -99,6 +113,11 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     assert "SMOKE WEIGHTS" in report and "Best configuration" in report and "| concurrency |" in report
     for plot in ("throughput.png", "latency.png"):
         assert (results / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    token = re.search(r"lab\?token=(\S+)", status).group(1)
+    written = [deploy_dir / "run", lab.state_file.parent, results]
+    assert not [p for folder in written for p in folder.rglob("*") if p.is_file() and p.name != "jupyter.token"
+                and token.encode() in p.read_bytes()], "the Jupyter token leaked into a log, the state or the results"  # fmt: skip
 
     torn_down = lab.fab("teardown").stdout
     assert "teardown complete" in torn_down
