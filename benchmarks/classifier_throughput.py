@@ -411,16 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         repository = scratch / "models"
         render_versions(versions, values, repository, scratch)
 
-        http_port, grpc_port, metrics_port = free_ports(3)
-        server = TritonProcess(
-            runtime_root=runtime.root,
-            model_repository=repository,
-            state_dir=scratch / "run",
-            http_port=http_port,
-            grpc_port=grpc_port,
-            metrics_port=metrics_port,
-        )
-        print(f"starting tritonserver on port {http_port} ({load_average()}) ...", flush=True)
+        server = TritonProcess.on_free_ports(runtime.root, repository, scratch / "run")
+        print(f"starting tritonserver on port {server.http_port} ({load_average()}) ...", flush=True)
         server.start([v.served_name(m) for v in versions for m in MODELS], timeout_s=300)
 
         images = [sample_images.b64(sample_images.jpeg(seed=seed)) for seed in range(args.images)]
@@ -456,19 +448,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
-
-
-def free_ports(count: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,17 +19,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FAB = str(Path(sys.executable).parent / "fab")
+sys.path.insert(0, str(ROOT))
+from provision.background import free_ports  # noqa: E402
+
 PORTS = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def fab(env: dict, *args: str) -> float:

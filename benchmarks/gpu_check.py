@@ -140,15 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not bench.PERF_ANALYZER.exists():
             skipped = f"no perf_analyzer at {bench.PERF_ANALYZER} (tritonclient wheel)"
         else:
-            http_port, grpc_port, metrics_port = bench.free_ports(3)
-            server = TritonProcess(
-                runtime_root=runtime.root,
-                model_repository=repository,
-                state_dir=scratch / "run",
-                http_port=http_port,
-                grpc_port=grpc_port,
-                metrics_port=metrics_port,
-            )
+            server = TritonProcess.on_free_ports(runtime.root, repository, scratch / "run")
             print(f"starting tritonserver ({bench.load_average()}) ...", flush=True)
             server.start([BATCHING, NO_BATCHING], timeout_s=240)
             input_json = bench.write_input_json(scratch / "input.json", images)

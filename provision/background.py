@@ -31,6 +31,18 @@ def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
     return True
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports that nothing listens on now (for tests, benchmarks, side-by-side servers)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for probe in sockets:
+            probe.bind((host, 0))
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
+
+
 def pid_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, exited but not yet reaped, does not count)."""
     try:

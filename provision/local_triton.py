@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.background import BackgroundProcess, port_is_free
+from provision.background import BackgroundProcess, free_ports, port_is_free
 
 DEFAULT_WHEEL = "nvidia-pytriton==0.7.0"
 
@@ -198,6 +198,12 @@ class TritonProcess:
     metrics_port: int = 8002
     host: str = "127.0.0.1"  # what clients connect to
     exit_timeout_s: int = 10
+
+    @classmethod
+    def on_free_ports(cls, runtime_root: Path, model_repository: Path, state_dir: Path) -> TritonProcess:
+        """A server on three ports that are free now: for tests and benchmarks beside a deployment."""
+        http_port, grpc_port, metrics_port = free_ports(3)
+        return cls(runtime_root, model_repository, state_dir, http_port, grpc_port, metrics_port)
 
     def __post_init__(self):
         # The stubs may need the whole exit timeout to finish in-flight requests.

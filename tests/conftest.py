@@ -7,7 +7,6 @@ installed in .runtime/triton.
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from fab_runner import Lab
 from sshd import start_sshd
 
 from provision import config, smoke_weights
+from provision.background import free_ports
 from provision.local_triton import TritonProcess, TritonRuntime
 from provision.model_repo import RenderValues, model_names, render
 
@@ -26,17 +26,6 @@ sys.path.insert(0, str(config.MODEL_REPOSITORY / "food_classifier" / "1"))
 # large enough for a 4000x3000 phone photo.
 TEST_MAX_PIXELS = 16_000_000
 TEST_MAX_ENCODED_BYTES = 8 * 1024 * 1024
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture(scope="session")
@@ -71,15 +60,7 @@ def triton_server(tmp_path_factory, render_values, triton_runtime):
     """A running tritonserver serving the whole rendered repository."""
     repository = tmp_path_factory.mktemp("repo") / "models"
     render(repository, render_values)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonProcess(
-        runtime_root=triton_runtime.root,
-        model_repository=repository,
-        state_dir=tmp_path_factory.mktemp("triton-run"),
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-    )
+    server = TritonProcess.on_free_ports(triton_runtime.root, repository, tmp_path_factory.mktemp("triton-run"))
     server.start(model_names(), timeout_s=300)
     yield server
     server.stop()

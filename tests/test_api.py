@@ -24,13 +24,13 @@ import httpx
 import pytest
 import schemathesis
 import tritonclient.http as triton_http
-from conftest import free_ports
 from food11 import FOOD11_LABELS
 from helpers import classify
 from hypothesis import HealthCheck, given, settings
 from PIL import Image
 
 from provision import config, sample_images
+from provision.background import free_ports
 from provision.local_triton import TritonProcess
 from provision.model_repo import render
 from provision.perf import write_input_json
@@ -302,15 +302,7 @@ def own_triton(tmp_path_factory, render_values, triton_runtime):
     for folder in repository.iterdir():
         if folder.name not in keep:
             shutil.rmtree(folder)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonProcess(
-        runtime_root=triton_runtime.root,
-        model_repository=repository,
-        state_dir=tmp_path_factory.mktemp("own-triton-run"),
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-    )
+    server = TritonProcess.on_free_ports(triton_runtime.root, repository, tmp_path_factory.mktemp("own-triton-run"))
     server.models = sorted(keep)
     yield server
     server.stop()

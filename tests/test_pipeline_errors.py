@@ -9,10 +9,10 @@ import subprocess
 import time
 
 import pytest
-from conftest import free_ports, new_lab
+from conftest import new_lab
 from fab_runner import our_processes
 
-from provision.background import port_is_free
+from provision.background import free_ports, port_is_free
 
 
 def test_an_unknown_target_names_the_choices(tmp_path):
