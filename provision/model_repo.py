@@ -21,9 +21,9 @@ from pathlib import Path
 import jinja2
 
 from provision.config import MODEL_REPOSITORY, defaults
+from provision.smoke_weights import SMOKE_MARKER
 
 TEMPLATE_SUFFIX = ".j2"
-SMOKE_MARKER = "SMOKE_WEIGHTS"  # the same name as food11.SMOKE_MARKER
 
 
 @dataclass(frozen=True)

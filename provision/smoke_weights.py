@@ -21,7 +21,8 @@ import json
 import shutil
 from pathlib import Path
 
-SMOKE_MARKER = "SMOKE_WEIGHTS"  # read by serving_common.is_smoke_weights and model_repo.is_smoke
+# The models read the same name (serving_common.SMOKE_MARKER): they cannot import this package.
+SMOKE_MARKER = "SMOKE_WEIGHTS"
 FOOD11_FILE = "food11.pth"
 BLIP_FOLDER = "blip-tiny"
 SEED = 11
