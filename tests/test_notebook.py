@@ -36,7 +36,15 @@ def _bench(results: Path, run_id: str, models: list[str], url: str, env: dict, i
     run = results / run_id
     host = run / "hosts" / "local"
     host.mkdir(parents=True)
-    profile = {"name": "quick", "concurrency_range": "1:2:1", "measurement_interval_ms": 2000}
+    # Windows of a request count, not of time: on a busy machine a time window may
+    # come back empty and perf_analyzer then fails (fab bench --quick does the same).
+    profile = {
+        "name": "quick",
+        "concurrency_range": "1:2:1",
+        "measurement_mode": "count_windows",
+        "measurement_request_count": 8,
+        "measurement_interval_ms": 2000,
+    }
     commands = {}
     for model in models:
         perf = PerfRun(
@@ -46,6 +54,8 @@ def _bench(results: Path, run_id: str, models: list[str], url: str, env: dict, i
             csv_path=host / f"{model}.csv",
             concurrency_range=profile["concurrency_range"],
             measurement_interval_ms=profile["measurement_interval_ms"],
+            measurement_mode=profile["measurement_mode"],
+            measurement_request_count=profile["measurement_request_count"],
             stability_percentage=999,  # accept the first windows: this machine is noisy
             max_trials=3,
         )
