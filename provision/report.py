@@ -40,6 +40,23 @@ def _load_host(folder: Path) -> dict:
     return {"facts": facts, "models": models, "configs": configs}
 
 
+def concurrency_levels(concurrency_range: str) -> list[int]:
+    """perf_analyzer's start:end:step as the list of levels it measures."""
+    start, end, step = (int(part) for part in (str(concurrency_range).split(":") + ["1"])[:3])
+    return list(range(start, end + 1, step))
+
+
+def _missing_levels(models: dict[str, list[dict]], profile: dict) -> dict[str, list[int]]:
+    """Levels perf_analyzer gave up on (no stable measurement: it skips them and goes on)."""
+    expected = concurrency_levels(profile["concurrency_range"])
+    missing = {}
+    for model, rows in models.items():
+        measured = {row["concurrency"] for row in rows}
+        if [level for level in expected if level not in measured]:
+            missing[model] = [level for level in expected if level not in measured]
+    return missing
+
+
 def _best(models: dict[str, list[dict]]) -> dict | None:
     candidates = [(row["throughput"], model, row) for model, rows in models.items() for row in rows]
     if not candidates:
@@ -129,6 +146,13 @@ def _markdown(summary: dict, host_name: str) -> str:
             f"| {r['p95_us'] / 1000:.1f} | {r['p99_us'] / 1000:.1f} |"
             for r in rows
         ]
+        if model in summary["missing_levels"]:
+            levels = ", ".join(str(level) for level in summary["missing_levels"][model])
+            lines += [
+                "",
+                f"perf_analyzer found no stable measurement at concurrency {levels} "
+                f"(see hosts/{host_name}/{model}.log); a longer profile or a quieter host helps.",
+            ]
         lines += ["", f"perf_analyzer: `{summary['commands'].get(model, '')}`", ""]
     if summary["p100_comparison"]:
         lines += [
@@ -171,6 +195,7 @@ def write_report(
         "host": first,
         "models": models,  # of the first host; every host's are under "hosts"
         "best": _best(models),
+        "missing_levels": _missing_levels(models, profile),
         "hosts": hosts,
         "commands": commands,
         "git": git,

@@ -100,7 +100,10 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     summary = json.loads((results / "summary.json").read_text())
     assert sorted(summary["models"]) == sorted(BENCH_MODELS)
     for model, rows in summary["models"].items():
-        assert [row["concurrency"] for row in rows] == [2, 4], model
+        # perf_analyzer skips a level it cannot measure stably (a busy machine): the report says so.
+        levels = [row["concurrency"] for row in rows]
+        assert levels and levels == sorted(levels) and set(levels) <= {2, 4}, model
+        assert summary["missing_levels"].get(model, []) == [c for c in (2, 4) if c not in levels]
         for row in rows:
             assert row["throughput"] > 0 and row["p50_us"] > 0 and row["p99_us"] >= row["p50_us"], (model, row)
     assert summary["smoke_weights"] is True and summary["best"]["model"] in BENCH_MODELS
