@@ -327,7 +327,11 @@ def main(argv: list[str] | None = None) -> None:
     ports = settings["ports"]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runtime-dir", type=Path, default=config.runtime_dir(settings))
-    parser.add_argument("--model-repository", type=Path, help="rendered repository (default RUNTIME_DIR/models)")
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        help="a rendered repository (default: render the project's into RUNTIME_DIR/models)",
+    )
     parser.add_argument("--http-port", type=int, default=ports["triton_http"])
     parser.add_argument("--grpc-port", type=int, default=ports["triton_grpc"])
     parser.add_argument("--metrics-port", type=int, default=ports["triton_metrics"])
@@ -357,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
             runtime = install(args.runtime_dir / "triton", args.serving_python, args.wheel)
             print(f"tritonserver 2.51 ready to run: {runtime.tritonserver}")
         elif args.command == "start":
+            if args.model_repository is None:  # the project's own repository, rendered for this machine
+                repository, values = local_serving.render_local_repository(settings)
+                print(f"rendered {repository} for {values.gpu_count} GPU(s)")
             server = process()
             states = server.start(args.models, args.timeout)
             print(f"tritonserver pid {server.pid()} at {server.url}, log {server.log_file}")
