@@ -45,11 +45,12 @@ class Lab:
         env.update(self.extra_env)
         return env
 
-    def fab(self, *args: str, check: bool = True, timeout: float = 900, env: dict | None = None):
+    def fab(self, *args: str, check: bool = True, timeout: float = 900, env: dict | None = None, stdin: str = ""):
         """Run `fab ARGS` as this user; env replaces the whole environment when given."""
         done = subprocess.run(
-            [FAB, *args], cwd=PROJECT_ROOT, env=env or self.env(), capture_output=True, text=True, timeout=timeout
-        )
+            [FAB, *args], cwd=PROJECT_ROOT, env=env or self.env(), capture_output=True, text=True, timeout=timeout,
+            input=stdin,
+        )  # fmt: skip
         if check and done.returncode != 0:
             raise AssertionError(f"fab {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         return done

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from conftest import new_lab
 from fab_runner import Lab, our_processes
 
 from provision.background import port_is_free
@@ -130,3 +131,14 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
     assert (results / "summary.json").exists(), "teardown keeps the results"
     assert "nothing to tear down" in lab.fab("teardown").stdout, "teardown is safe to run twice"
+
+
+def test_fab_ssh_opens_a_shell_on_the_host(lab, sshd):
+    lab.fab(*provision_args("ssh", sshd))
+    shell = lab.fab("ssh", stdin="echo hello from $(whoami)@$(hostname)\n")
+    assert f"hello from {sshd.user}@" in shell.stdout
+    local = new_lab(lab.root / "other")
+    local.fab("provision", "--target", "local")
+    refused = local.fab("ssh", check=False)
+    assert refused.returncode != 0 and "no SSH needed" in refused.stderr
+    local.fab("teardown")
