@@ -77,6 +77,27 @@ def triton(config: RuntimeConfig) -> TritonProcess:
     )
 
 
+def _answers_200(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _launch_and_wait(service, what: str, timeout_s: float, cwd: Path | None = None) -> None:
+    """Launch `service` unless it runs, then wait until service.healthy(); fail with its log's tail."""
+    if service.process.pid() is None:
+        service.process.launch(service.command(), service.environment(), cwd=cwd)
+    deadline = time.monotonic() + timeout_s
+    while not service.healthy():
+        if service.process.pid() is None:
+            raise TritonError(f"{what} exited during start-up.\n{service.process.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TritonError(f"{what} is not up after {timeout_s:.0f} s.\n{service.process.log_tail()}")
+        time.sleep(0.3)
+
+
 @dataclass
 class ApiService:
     """The FastAPI app (client_scripts/api.py) under uvicorn."""
@@ -110,22 +131,10 @@ class ApiService:
         return env
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return _answers_200(f"{self.url}/healthz")
 
     def start(self, timeout_s: float = 60) -> None:
-        if self.process.pid() is None:
-            self.process.launch(self.command(), self.environment())
-        deadline = time.monotonic() + timeout_s
-        while not self.healthy():
-            if self.process.pid() is None:
-                raise TritonError(f"the API exited during start-up.\n{self.process.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TritonError(f"the API is not healthy after {timeout_s:.0f} s.\n{self.process.log_tail()}")
-            time.sleep(0.3)
+        _launch_and_wait(self, "the API", timeout_s)
 
 
 @dataclass
@@ -174,24 +183,10 @@ class JupyterService:
 
     def healthy(self) -> bool:
         """Up and accepting our token."""
-        if not self.token_file.exists():
-            return False
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/status?token={self.token()}", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return self.token_file.exists() and _answers_200(f"{self.url}/api/status?token={self.token()}")
 
     def start(self, timeout_s: float = 90) -> None:
-        if self.process.pid() is None:
-            self.process.launch(self.command(), self.environment(), cwd=self.config.home)
-        deadline = time.monotonic() + timeout_s
-        while not self.healthy():
-            if self.process.pid() is None:
-                raise TritonError(f"Jupyter exited during start-up.\n{self.process.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TritonError(f"Jupyter is not up after {timeout_s:.0f} s.\n{self.process.log_tail()}")
-            time.sleep(0.5)
+        _launch_and_wait(self, "Jupyter", timeout_s, cwd=self.config.home)
 
 
 def _ports_of(service: str, config: RuntimeConfig) -> list[int]:
