@@ -45,8 +45,11 @@ weights: $(RUNTIME)/weights/SMOKE_WEIGHTS
 $(RUNTIME)/weights/SMOKE_WEIGHTS: $(VENV)/.installed provision/smoke_weights.py
 	$(BIN)/python -m provision.smoke_weights $(RUNTIME)/weights --force
 
+# ansible-lint reads .ansible-lint (production profile, offline) and wants its bin folder on PATH.
 lint: venv
 	$(BIN)/ruff check provision tests model_repository client_scripts tasks.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint playbooks
+	$(BIN)/hadolint Dockerfile*
 
 clean:
 	-$(BIN)/python -m provision.local_triton stop

