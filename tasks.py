@@ -206,21 +206,33 @@ def ssh(c, node="0"):
     """Open a shell on a provisioned host."""
     import os
 
+    from provision import hosts
+
     state = _state()
-    hosts = state.hosts
-    chosen = next((h for h in hosts if h.name == node), None) or (
-        hosts[int(node)] if node.isdigit() and int(node) < len(hosts) else None
-    )
-    if chosen is None:
-        raise Exit(f"error: no host {node!r}; hosts: {', '.join(h.name for h in hosts)}")
+    try:
+        chosen = hosts.select(state.hosts, node)
+    except ValueError as error:
+        raise Exit(f"error: {error}") from None
     if chosen.connection == "local":
         raise Exit("error: the local target is this machine: no SSH needed")
-    command = ["ssh", "-p", str(chosen.port), "-o", "StrictHostKeyChecking=accept-new",
-               "-o", f"UserKnownHostsFile={inventory.known_hosts_file()}"]  # fmt: skip
-    if chosen.key:
-        command += ["-i", chosen.key]
-    command.append(f"{chosen.user}@{chosen.address}" if chosen.user else chosen.address)
-    os.execvp("ssh", command)
+    os.execvp("ssh", hosts.ssh_client_command(chosen))
+
+
+@task(
+    help={
+        "node": "which host (name or index, default the first)",
+        "offset": "local port = the host's port + N (default 0); use it when those ports are taken here",
+    }
+)
+def tunnel(c, node="0", offset=0):
+    """Forward the host's Triton, API and Jupyter to 127.0.0.1 here over SSH; print their URLs; Ctrl-C closes it."""
+    from provision.tunnel import TunnelError
+    from provision.tunnel import run as run_tunnel
+
+    try:
+        run_tunnel(_state(), node=node, offset=int(offset), say=lambda line: print(line, flush=True))
+    except TunnelError as error:
+        raise Exit(f"error: {error}") from None
 
 
 @task(help={"service": "triton, api or jupyter", "lines": "how many lines (default 50)"})

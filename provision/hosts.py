@@ -57,6 +57,32 @@ def describe_ssh_error(host: Host, error: Exception) -> str:
     return f"cannot connect to {where}: {error}; {retry}"
 
 
+def select(hosts: list[Host], node: str) -> Host:
+    """The host named `node`, or the one at index `node` (`fab ssh --node`, `fab tunnel --node`)."""
+    chosen = next((h for h in hosts if h.name == node), None)
+    if chosen is None and node.isdigit() and int(node) < len(hosts):
+        chosen = hosts[int(node)]
+    if chosen is None:
+        raise ValueError(f"no host {node!r}; hosts: {', '.join(h.name for h in hosts)}")
+    return chosen
+
+
+def ssh_client_command(host: Host, *options: str) -> list[str]:
+    """The system `ssh` client's command line for `host`, `options` before the destination.
+
+    It trusts host keys as Ansible does (first contact recorded in the
+    project's own known_hosts, a changed key refused), so `fab ssh` and
+    `fab tunnel` accept exactly the hosts the deploy accepted.
+    """
+    from provision.inventory import known_hosts_file
+
+    command = ["ssh", "-p", str(host.port), "-o", "StrictHostKeyChecking=accept-new",
+               "-o", f"UserKnownHostsFile={known_hosts_file()}"]  # fmt: skip
+    if host.key:
+        command += ["-i", host.key]
+    return [*command, *options, f"{host.user}@{host.address}" if host.user else host.address]
+
+
 def check_reachable(host: Host, timeout_s: float = 15) -> str:
     """Log in and find python3; return its version. Raise HostError saying what to fix."""
     result = run(host, "python3 --version", timeout_s=timeout_s)

@@ -1,14 +1,20 @@
 """The whole pipeline for real, on the local target and on an ssh host (a real sshd on 127.0.0.1):
 
 provision -> deploy -> deploy again (no changes) -> a config change restarts only Triton
--> status, logs -> bench --quick -> results -> teardown -> nothing of ours left -> teardown again.
+-> status, logs, tunnel -> bench --quick -> results -> teardown -> nothing of ours left -> teardown again.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import queue
+import random
 import re
+import signal
+import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 
@@ -50,6 +56,80 @@ def assert_jupyter_needs_its_token(status: str) -> None:
     assert refused.value.code == 403
 
 
+TUNNELLED = ("triton_http", "api", "jupyter")  # the ports fab tunnel forwards
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def free_offset(ports: list[int]) -> int:
+    """An offset that moves `ports` to free ones (here the host is this machine: its ports are taken)."""
+    for offset in random.sample(range(100, 4000), 100):
+        if all(port + offset < 65536 and port_is_free(port + offset, "127.0.0.1") for port in ports):
+            return offset
+    raise AssertionError("no free ports for the tunnel")
+
+
+def printed_lines(process: subprocess.Popen) -> queue.Queue:
+    """The process's output lines as they come (None at its end), so a test can wait with a timeout."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put(None)], daemon=True).start()
+    return lines
+
+
+def check_the_tunnel(lab: Lab) -> None:
+    """fab tunnel: the host's services on free local ports, Jupyter with the host's token; Ctrl-C closes it."""
+    offset = free_offset([lab.ports[name] for name in TUNNELLED])
+    triton, api, jupyter = (f"http://127.0.0.1:{lab.ports[name] + offset}" for name in TUNNELLED)
+    tunnel = lab.popen_fab("tunnel", "--offset", str(offset))
+    try:
+        lines, output = printed_lines(tunnel), ""
+        while "jupyter:" not in output:
+            line = lines.get(timeout=60)
+            assert line is not None, f"fab tunnel ended:\n{output}"
+            output += line
+        assert f"triton:  {triton}/v2/health/ready" in output and f"api:     {api}/docs" in output
+        token = re.search(rf"jupyter: {jupyter}/lab\?token=(\S+)", output).group(1)
+        assert http_status(f"{triton}/v2/health/ready") == 200 and http_status(f"{api}/healthz") == 200
+        assert http_status(f"{jupyter}/api/status?token={token}") == 200
+        assert http_status(f"{jupyter}/api/status") == 403
+
+        again = lab.fab("tunnel", "--offset", str(offset), check=False)
+        assert again.returncode != 0 and f"{lab.ports['triton_http'] + offset} (triton)" in again.stderr
+        assert "already in use" in again.stderr and "--offset" in again.stderr
+
+        os.killpg(tunnel.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        assert tunnel.wait(timeout=15) == 0
+        assert "tunnel closed" in "".join(iter(lines.get, None))
+    finally:
+        if tunnel.poll() is None:
+            os.killpg(tunnel.pid, signal.SIGKILL)
+            tunnel.wait()
+    assert all(port_is_free(lab.ports[name] + offset, "127.0.0.1") for name in TUNNELLED), "the tunnel closed its ports"
+
+
+def check_ssh_errors_stop_the_tunnel(lab: Lab) -> None:
+    """ssh refusing to connect (here: the host key changed) ends fab tunnel with ssh's own words."""
+    known_hosts = lab.state_file.with_name("known_hosts")
+    genuine = known_hosts.read_text()
+    impostor = lab.root / "impostor_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True)
+    port = lab.state()["hosts"][0]["port"]
+    known_hosts.write_text(f"[127.0.0.1]:{port} {impostor.with_suffix('.pub').read_text()}")
+    try:
+        offset = free_offset([lab.ports[name] for name in TUNNELLED])
+        refused = lab.fab("tunnel", "--offset", str(offset), check=False)
+    finally:
+        known_hosts.write_text(genuine)
+    assert refused.returncode != 0 and "ssh exited (255) before the tunnel was up" in refused.stderr
+    assert "Host key verification failed" in refused.stderr
+
+
 def changed_tasks(output: str) -> list[str]:
     return [line.split(None, 2)[-1] for line in output.splitlines() if line.strip().startswith("changed")]
 
@@ -83,6 +163,13 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
         assert f"{model}: READY" in status
     before = service_pids(lab)
     assert_jupyter_needs_its_token(status)
+    if target == "ssh":
+        check_the_tunnel(lab)
+        check_ssh_errors_stop_the_tunnel(lab)
+    else:
+        here = lab.fab("tunnel", check=False)
+        assert here.returncode != 0 and "the local target is this machine: the services are already at " in here.stderr
+        assert f"http://127.0.0.1:{lab.ports['triton_http']}/v2/health/ready" in here.stderr
 
     # A changed model config (here: an image size limit) restarts Triton, and only Triton.
     lab.extra_env["FABRIC_LAB_MODELS_MAX_PIXELS"] = "30000000"

@@ -21,7 +21,7 @@ def test_an_unknown_target_names_the_choices(tmp_path):
     assert "unknown target 'openstack': choose one of local, ssh, chameleon" in done.stderr
 
 
-@pytest.mark.parametrize("task", ["deploy", "bench", "status", "logs"])
+@pytest.mark.parametrize("task", ["deploy", "bench", "status", "logs", "tunnel"])
 def test_tasks_that_need_a_target_say_which_command_to_run(tmp_path, task):
     done = new_lab(tmp_path).fab(task, check=False)
     assert done.returncode != 0 and "run `fab provision` first" in done.stderr
@@ -71,6 +71,16 @@ def test_bench_before_deploy_says_to_deploy(lab, tmp_path):
     lab.fab("provision", "--target", "local")
     done = lab.fab("bench", "--quick", check=False)
     assert done.returncode != 0 and "nothing is deployed: run `fab deploy` first" in done.stderr
+    lab.fab("teardown")
+
+
+def test_tunnel_names_the_hosts_and_needs_a_deploy(lab, sshd):
+    lab.fab("provision", "--target", "ssh", "--host", "127.0.0.1", "--port", str(sshd.port), "--user", sshd.user,
+            "--key", str(sshd.key))  # fmt: skip
+    unknown = lab.fab("tunnel", "--node", "3", check=False)
+    assert unknown.returncode != 0 and "no host '3'; hosts: 127.0.0.1" in unknown.stderr
+    undeployed = lab.fab("tunnel", check=False)
+    assert undeployed.returncode != 0 and "nothing is deployed: run `fab deploy` first" in undeployed.stderr
     lab.fab("teardown")
 
 
