@@ -18,14 +18,19 @@ demo: setup
 test: setup system-deps
 	$(BIN)/python -m pytest
 
-# The ssh-target tests start their own sshd on 127.0.0.1.
+# What the tests need from the system: sshd (the ssh-target tests start their own
+# on 127.0.0.1), sudo (Ansible's become on that host) and Debian's docker-compose
+# (a real Compose parser for the docker runtime's definitions; no engine is needed).
+SYSTEM_TOOLS := /usr/sbin/sshd /usr/bin/sudo /usr/bin/docker-compose
 system-deps:
-	@test -x /usr/sbin/sshd || { \
+	@missing=""; for tool in $(SYSTEM_TOOLS); do test -x $$tool || missing=yes; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server sudo docker-compose >/dev/null; \
 	  else \
-	    echo "the ssh-target tests need sshd: sudo apt-get install openssh-server" >&2; exit 1; \
-	  fi; }
+	    echo "the tests need: sudo apt-get install openssh-server sudo docker-compose" >&2; exit 1; \
+	  fi; \
+	fi
 
 setup: venv runtime weights
 

@@ -44,6 +44,7 @@ def _state():
         "key": "ssh and chameleon targets: private key file",
         "python": "ssh target: the host's Python for Ansible (default: discovered)",
         "serving_venv": "reuse this existing virtualenv on the host for serving (default: create one)",
+        "runtime": "process (services from a virtualenv) or docker (containers on GPU hosts; the chameleon default)",
         "site": "chameleon: site (default lab.chameleon.site, CHI@TACC)",
         "node_type": "chameleon: node type (default gpu_p100)",
         "image": "chameleon: image (default CC-Ubuntu24.04-CUDA)",
@@ -62,6 +63,7 @@ def provision(
     key="",
     python="",
     serving_venv="",
+    runtime="",
     site="",
     node_type="",
     image="",
@@ -89,6 +91,7 @@ def provision(
         )
     options = {
         "hosts": host, "user": user, "port": port, "key": key, "python": python, "serving_venv": serving_venv,
+        "runtime": runtime,
         "site": site, "node_type": node_type, "image": image, "hours": hours, "count": count,
         "key_name": key_name, "public_key": public_key, "private_key": key,
     }  # fmt: skip
@@ -111,17 +114,30 @@ def _forget_empty_chameleon_state() -> None:
         state_module.clear()
 
 
-@task
-def deploy(c):
+@task(
+    help={
+        "check": "dry run (Ansible check mode): show what would change, change nothing",
+        "publish": "listen on every address of the hosts, not 127.0.0.1 (open to the internet on Chameleon)",
+    }
+)
+def deploy(c, check=False, publish=False):
     """Set up the hosts and start Triton and the API (a second run changes nothing)."""
     from provision.ansible import PlaybookError
     from provision.deploy import deploy as run_deploy
 
     state = _state()
+    settings = _settings(c)
+    if publish:
+        settings["bind_address"] = "0.0.0.0"
+        print("warning: --publish: the services listen on every address; on Chameleon (no security groups) "
+              "anyone on the internet can reach them")  # fmt: skip
     try:
-        result = run_deploy(_settings(c), state, print)
+        result = run_deploy(settings, state, print, check=check)
     except (PlaybookError, FileNotFoundError) as error:
         raise Exit(f"error: {error}\n\nfix it and run `fab deploy` again (it continues where it stopped)") from None
+    if check:
+        print(f"check mode: {result.total_changed} change(s) would be made; nothing was changed")
+        return
     changes = result.total_changed
     print(f"deploy complete: {changes} change(s)" if changes else "deploy complete: no changes")
     print(f"log: {result.log}")

@@ -86,7 +86,10 @@ class _Progress:
                 self.say(f"  {'changed' if result.get('changed') else 'ok':<9}{host:<14}{task}")
         elif kind == "runner_on_skipped":
             self.say(f"  {'skipped':<9}{host:<14}{task}")
-        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+        elif kind == "runner_on_failed" and data.get("ignore_errors"):
+            # Roles ignore some errors on purpose (in check mode: packages of a repository not added yet).
+            self.say(f"  {'ignored':<9}{host:<14}{task} ({result.get('msg', '')[:120]})")
+        elif kind == "runner_on_failed":
             self.say(f"  {'FAILED':<9}{host:<14}{task}")
             self.failures.append(f"task '{task}' failed on {host}:\n{_failure_text(result)}")
         elif kind == "runner_on_unreachable":

@@ -1,10 +1,14 @@
 """fab deploy: stage what the hosts need, then run playbooks/deploy.yml.
 
 The controller stages a bundle (the runtime code, the API and client scripts,
-the weights, the requirements) that the role copies to each host. The role
-renders the model repository for the host's GPUs, creates the serving
-environment, and starts tritonserver and the API. Copies are by checksum, so
-a second deploy with nothing changed changes nothing and restarts nothing.
+the weights, the requirements) that the roles copy to each host. In the
+`process` runtime (role triton_process) the host gets a serving virtualenv and
+tritonserver, the API and Jupyter run as processes. In the `docker` runtime
+(roles gpu_preflight, docker, nvidia_container_toolkit, triton_docker) the
+bundle also holds the images' build context and compose.yaml
+(provision/containers.py), and both run in containers. Either way the model
+repository is rendered for the host's GPUs, and copies are by checksum, so a
+second deploy with nothing changed changes nothing and restarts nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from provision import config
+from provision import config, containers
 from provision import state as state_module
 from provision.ansible import PlaybookResult, run_playbook
 from provision.local_serving import weight_sources
@@ -22,7 +26,9 @@ from provision.model_repo import is_smoke, model_names
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What the host's copy of the provision package needs: the process runtime and its modules.
-HOST_MODULES = ("__init__.py", "background.py", "local_triton.py", "process_runtime.py", "host_facts.py")
+HOST_MODULES = (
+    "__init__.py", "background.py", "local_triton.py", "process_runtime.py", "container_runtime.py", "host_facts.py",
+)  # fmt: skip
 BLIP_ON_HOST = "weights/blip"
 
 
@@ -37,6 +43,8 @@ def _replace_tree(source: Path, destination: Path, ignore=None) -> None:
 
 def serving_pins(settings: dict, state: state_module.State) -> tuple[str, str]:
     """(constraints file, extra pip arguments) of the serving torch for this target's GPUs."""
+    if state.runtime == "docker":  # the Triton image's torch (Dockerfile.triton)
+        return settings["docker"]["constraints"], f"--extra-index-url {settings['docker']['torch_index']}"
     if state.target == "chameleon":
         chameleon = settings.get("chameleon") or {}
         return chameleon.get("constraints", "constraints/p100.txt"), chameleon.get("pip_extra_args", "")
@@ -77,7 +85,21 @@ def stage_bundle(settings: dict, state: state_module.State) -> dict:
     else:
         shutil.rmtree(weights / "blip", ignore_errors=True)
         blip_on_host = blip
-    return {"smoke_weights": is_smoke(food11) or is_smoke(blip), "blip_on_host": blip_on_host}
+    staged = {"smoke_weights": is_smoke(food11) or is_smoke(blip), "blip_on_host": blip_on_host}
+    if state.runtime == "docker":
+        staged |= stage_containers(settings, bundle, settings["bind_address"])
+    return staged
+
+
+def stage_containers(settings: dict, bundle: Path, bind: str) -> dict:
+    """The docker runtime's part of the bundle: build context and compose.yaml."""
+    context = bundle / "build"
+    containers.stage_build_context(settings, context)
+    images = containers.images(settings, context)
+    definition = containers.compose_definition(settings, {name: image["tag"] for name, image in images.items()}, bind)
+    containers.write_compose(bundle / "compose.yaml", definition)
+    return {"images": images}
+
 
 
 def deploy_dir(settings: dict, state: state_module.State) -> str:
@@ -104,16 +126,25 @@ def extravars(settings: dict, state: state_module.State) -> dict:
         "lab_triton_wheel": settings["triton_wheel"],
         "lab_model_settings": dict(settings["models"]),
         "lab_pip_extra_args": serving_pins(settings, state)[1],
+        "lab_docker": dict(settings["docker"]),
     }
 
 
-def deploy(settings: dict, state: state_module.State, say: Callable[[str], None] = print) -> PlaybookResult:
-    """Run the deploy playbook; record progress in the state before and after."""
+def deploy(
+    settings: dict, state: state_module.State, say: Callable[[str], None] = print, check: bool = False
+) -> PlaybookResult:
+    """Run the deploy playbook; record progress in the state before and after.
+
+    check: Ansible's check mode: report what would change, change nothing (the state included).
+    """
     staged = stage_bundle(settings, state)
     variables = extravars(settings, state) | {
         "lab_smoke_weights": staged["smoke_weights"],
         "lab_blip_source_on_host": staged["blip_on_host"],
+        "lab_images": staged.get("images", {}),
     }
+    if check:
+        return run_playbook("deploy.yml", variables, say, check=True)
     # Written first: a deploy interrupted half-way still leaves a state that
     # teardown knows how to clean up, and `fab deploy` again simply continues.
     state.deploy = {

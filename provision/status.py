@@ -13,9 +13,16 @@ LOG_FILES = {"triton": "tritonserver.log", "api": "api.log", "jupyter": "jupyter
 
 
 def _runtime_command(deployed: dict, subcommand: str) -> str:
+    """The host-side helper of the host's runtime: provision.process_runtime or provision.container_runtime."""
     home = deployed["home"]
+    pythonpath = f"PYTHONPATH={shlex.quote(home + '/lib')}"
+    if deployed.get("runtime") == "docker":
+        return (
+            f"{pythonpath} {shlex.quote(deployed['host_python'])} -m provision.container_runtime "
+            f"--home {shlex.quote(home)} {subcommand}"
+        )
     return (
-        f"PYTHONPATH={shlex.quote(home + '/lib')} {shlex.quote(deployed['serving_python'])} "
+        f"{pythonpath} {shlex.quote(deployed['serving_python'])} "
         f"-m provision.process_runtime --config {shlex.quote(home + '/runtime.json')} {subcommand}"
     )
 
@@ -59,19 +66,20 @@ def describe(state: state_module.State) -> list[str]:
             lines.append("  nothing deployed: run `fab deploy`")
             continue
         triton, api = status["triton"], status["api"]
+        run = "container" if state.runtime == "docker" else "pid"  # what runs each service
         lines.append(
             f"  tritonserver: {'READY' if triton['ready'] else 'not ready'} "
-            f"(pid {triton['pid'] or '-'}) {triton['url']}  log: {triton['log']}"
+            f"({run} {triton['pid'] or '-'}) {triton['url']}  log: {triton['log']}"
         )
         for model, model_state in sorted(triton["models"].items()):
             lines.append(f"    {model}: {model_state}")
         lines.append(
-            f"  api: {'healthy' if api['healthy'] else 'DOWN'} (pid {api['pid'] or '-'}) {api['url']}  log: {api['log']}"
+            f"  api: {'healthy' if api['healthy'] else 'DOWN'} ({run} {api['pid'] or '-'}) {api['url']}  log: {api['log']}"
         )
         jupyter = status.get("jupyter")
         if jupyter:
             lines.append(
-                f"  jupyter: {'healthy' if jupyter['healthy'] else 'DOWN'} (pid {jupyter['pid'] or '-'}) {jupyter['url']}"
+                f"  jupyter: {'healthy' if jupyter['healthy'] else 'DOWN'} ({run} {jupyter['pid'] or '-'}) {jupyter['url']}"
             )
     return lines
 
@@ -85,6 +93,10 @@ def logs(state: state_module.State, service: str, lines: int = 50) -> dict[str, 
         deployed = state.deploy.get("hosts", {}).get(host.name)
         if not deployed:
             output[host.name] = "(nothing deployed)"
+            continue
+        if deployed.get("runtime") == "docker":  # the containers' logs, through Compose
+            result = host_commands.run(host, _runtime_command(deployed, f"logs {service} --lines {int(lines)}"), 60)
+            output[host.name] = result.stdout if result.returncode == 0 else f"(no logs: {result.stderr.strip()})"
             continue
         path = f"{deployed['home']}/run/{LOG_FILES[service]}"
         result = host_commands.run(host, f"tail -n {int(lines)} {shlex.quote(path)}", timeout_s=30)

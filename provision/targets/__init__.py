@@ -14,6 +14,7 @@ import importlib
 from types import ModuleType
 
 TARGETS = ("local", "ssh", "chameleon")
+RUNTIMES = ("process", "docker")
 
 
 class UnknownTarget(ValueError):
@@ -25,3 +26,23 @@ def get(name: str) -> ModuleType:
     if name not in TARGETS:
         raise UnknownTarget(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
     return importlib.import_module(f"provision.targets.{name}")
+
+
+def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
+    """The serving runtime of a new provision: the flag, else the target's default.
+
+    process: tritonserver and the API as processes from a virtualenv (no Docker, no GPU needed).
+    docker:  both in containers with the NVIDIA container toolkit (GPU hosts).
+    """
+    if target == "chameleon":
+        runtime = asked or (settings.get("chameleon") or {}).get("runtime") or "docker"
+    else:
+        runtime = asked or settings.get("runtime") or "process"
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    if target == "local" and runtime == "docker":
+        raise ValueError(
+            "the local target runs the process runtime only (this machine has no GPU and no Docker): "
+            "use `--target ssh --runtime docker` for a GPU host of yours"
+        )
+    return runtime

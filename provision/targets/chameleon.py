@@ -27,6 +27,7 @@ from pathlib import Path
 from provision.chameleon import ChameleonCloud, ChameleonError, NoHostsError, ResourceFailed
 from provision.config import defaults as project_defaults
 from provision.state import Host, State
+from provision.targets import choose_runtime
 
 Say = Callable[[str], None]
 Save = Callable[[State], None]
@@ -114,6 +115,7 @@ def _say_step(say: Say, text: str) -> None:
 def provision(settings: dict, options: dict, state: State | None, save: Save, say: Say) -> State:
     """Reserve and launch the node(s); return the state with the hosts recorded."""
     cfg = config(settings, options)
+    runtime = choose_runtime("chameleon", settings, options.get("runtime") or "")
     cloud = _cloud(cfg)  # first: missing credentials are the most likely problem, and name what to set
     public_key, private_key = _keys(cfg)
     recorded = state.chameleon if state is not None and state.target == "chameleon" else {}
@@ -125,7 +127,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
                     "run `fab teardown` first to change it, or drop the flag to continue"
                 )
     if state is None or state.target != "chameleon":
-        state = State(target="chameleon")
+        state = State(target="chameleon", runtime=runtime)
     info = state.chameleon
     if not info.get("name"):
         info["name"] = f"{cfg['name_prefix']}-{_slug(cloud.user_name())}"

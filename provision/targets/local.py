@@ -8,11 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision.state import Host, State
+from provision.targets import choose_runtime
 
 
 def provision(settings: dict, options: dict, state: State | None, save: Callable[[State], None], say) -> State:
     # The project's own environment already holds the serving requirements
     # (make installs them), so the local deployment reuses it.
+    choose_runtime("local", settings, options.get("runtime") or "")  # refuses docker, with the reason
     serving_venv = options.get("serving_venv") or str(Path(sys.executable).parent.parent)
     new = State(
         target="local",

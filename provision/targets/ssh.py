@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from provision.hosts import check_reachable
 from provision.state import Host, State
+from provision.targets import choose_runtime
 
 
 def _hosts(options: dict) -> list[Host]:
@@ -30,14 +31,17 @@ def _hosts(options: dict) -> list[Host]:
 def provision(settings: dict, options: dict, state: State | None, save: Callable[[State], None], say) -> State:
     hosts = _hosts(options)
     serving_venv = options.get("serving_venv") or None
-    if state is not None and state.hosts == hosts and state.serving_venv == serving_venv:
+    runtime = choose_runtime("ssh", settings, options.get("runtime") or "")
+    if state is not None and (state.hosts, state.serving_venv, state.runtime) == (hosts, serving_venv, runtime):
         say("these ssh hosts are already provisioned: nothing to do")
         return state
     for host in hosts:
         version = check_reachable(host)
         say(f"{host.user}@{host.address}:{host.port} reachable ({version})")
-    new = State(target="ssh", hosts=hosts, serving_venv=serving_venv)
-    new.record(f"provisioned ssh hosts {', '.join(h.address for h in hosts)}")
+    if state is not None and state.deploy and state.runtime != runtime:
+        raise ValueError(f"deployed with the {state.runtime} runtime: run `fab teardown` first to switch to {runtime}")
+    new = State(target="ssh", hosts=hosts, serving_venv=serving_venv, runtime=runtime)
+    new.record(f"provisioned ssh hosts {', '.join(h.address for h in hosts)} ({runtime} runtime)")
     save(new)
     return new
 

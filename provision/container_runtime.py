@@ -1,0 +1,122 @@
+"""The docker runtime on the host: what `fab status` and `fab logs` ask about the containers.
+
+Runs on the GPU host with its system Python (standard library only), in the
+deploy folder that holds compose.yaml:
+
+    python3 -m provision.container_runtime --home ~/triton-lab status
+    python3 -m provision.container_runtime --home ~/triton-lab logs triton --lines 50
+
+`status` prints one JSON object shaped like provision.process_runtime's
+(triton, api, jupyter: health, URLs, model states), with the container's
+name and state where that has a pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# Relative to the deploy folder: compose.yaml hands it to the API container as a
+# secret; the process runtime keeps its token at the same path.
+TOKEN_FILE_ON_HOST = "run/jupyter.token"
+SERVICES = {"triton": "triton", "api": "api", "jupyter": "api"}  # fab's service -> compose service
+
+
+def compose(home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker", "compose", "--project-directory", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def containers(home: Path) -> dict[str, dict]:
+    """{compose service: {"name", "state", "health"}} of the running project."""
+    done = compose(home, "ps", "--all", "--format", "json")
+    if done.returncode != 0:
+        return {}
+    text = done.stdout.strip()
+    # Compose >= 2.21 prints one JSON object per line, older releases one array.
+    entries = json.loads(text) if text.startswith("[") else [json.loads(line) for line in text.splitlines() if line]
+    return {
+        entry["Service"]: {"name": entry.get("Name"), "state": entry.get("State"), "health": entry.get("Health") or None}
+        for entry in entries
+    }
+
+
+def _get(url: str, method: str = "GET", body: bytes | None = None):
+    """(status, parsed JSON or None); status 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, method=method), timeout=5) as response:
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as error:
+        return error.code, None
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, None
+
+
+def status(home: Path, bind_address: str, ports: dict) -> dict:
+    address = "127.0.0.1" if bind_address in ("0.0.0.0", "") else bind_address  # a published port answers here too
+    running = containers(home)
+    triton_url = f"http://{address}:{ports['triton_http']}"
+    ready, _ = _get(f"{triton_url}/v2/health/ready")
+    _, index = _get(f"{triton_url}/v2/repository/index", method="POST", body=b"{}")
+    api_url = f"http://{address}:{ports['api']}"
+    healthy, _ = _get(f"{api_url}/healthz")
+    jupyter_url = f"http://{address}:{ports['jupyter']}"
+    token_file = home / TOKEN_FILE_ON_HOST
+    token = token_file.read_text().strip() if token_file.exists() else ""
+    jupyter, _ = _get(f"{jupyter_url}/api/status?token={token}") if token else (0, None)
+
+    def container(service: str) -> str | None:
+        info = running.get(service)
+        return f"{info['name']} {info['state']}" if info else None
+
+    return {
+        "triton": {
+            "pid": container("triton"),
+            "url": triton_url,
+            "ready": ready == 200,
+            "models": {entry["name"]: entry.get("state", "UNKNOWN") for entry in index or []},
+            "log": "fab logs --service triton",
+        },
+        "api": {"pid": container("api"), "url": api_url, "healthy": healthy == 200, "log": "fab logs --service api"},
+        "jupyter": {
+            "pid": container("api"),
+            "healthy": jupyter == 200,
+            # The URL with the token: printed by `fab status` to the user's terminal, never logged.
+            "url": f"{jupyter_url}/lab?token={token}" if token else jupyter_url,
+            "log": "fab logs --service jupyter",
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--home", type=Path, required=True, help="the deploy folder (holds compose.yaml)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    status_parser = commands.add_parser("status", help="containers, health and model states (JSON)")
+    status_parser.add_argument("--runtime-json", type=Path, help="default: HOME/runtime.json")
+    logs_parser = commands.add_parser("logs", help="a service's recent log")
+    logs_parser.add_argument("service", choices=sorted(SERVICES))
+    logs_parser.add_argument("--lines", type=int, default=50)
+    args = parser.parse_args(argv)
+    home = args.home.expanduser()
+    if args.command == "logs":
+        done = compose(home, "logs", "--no-color", "--tail", str(args.lines), SERVICES[args.service])
+        sys.stdout.write(done.stdout + done.stderr)
+        return done.returncode
+    runtime = json.loads((args.runtime_json or home / "runtime.json").read_text())
+    print(json.dumps({"changed": False, **status(home, runtime["bind_address"], runtime["ports"])}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The docker runtime's container definitions (provision/containers.py) and the two Dockerfiles.
+
+Docker cannot run here (no engine, no registry, no GPU), so these check the
+definitions themselves, and have a real Compose implementation (Debian's
+docker-compose, which `make test` installs) parse and resolve them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provision import containers
+from provision.config import PROJECT_ROOT, defaults
+
+SETTINGS = defaults()
+PORTS = SETTINGS["ports"]
+
+
+@pytest.fixture
+def staged(tmp_path) -> Path:
+    """A deploy folder as the role leaves it on the host (compose.yaml, .env, the token, the build context)."""
+    containers.stage_build_context(SETTINGS, tmp_path / "build")
+    return tmp_path
+
+
+def definition(staged: Path, bind_address: str = "127.0.0.1") -> dict:
+    images = containers.images(SETTINGS, staged / "build")
+    return containers.compose_definition(SETTINGS, {name: image["tag"] for name, image in images.items()}, bind_address)
+
+
+def resolved_by_compose(staged: Path, compose: dict) -> dict:
+    """`docker-compose config`: the definition as Compose reads it, after validation and interpolation."""
+    tool = shutil.which("docker-compose")
+    assert tool, "docker-compose (Debian package) is missing: run `make test`, which installs it"
+    containers.write_compose(staged / "compose.yaml", compose)
+    (staged / ".env").write_text("COMPOSE_PROJECT_NAME=triton-lab\nLAB_UID=1000\nLAB_GID=1000\n")
+    (staged / "run").mkdir(exist_ok=True)
+    (staged / "run" / "jupyter.token").write_text("not-a-real-token\n")
+    done = subprocess.run([tool, "config"], cwd=staged, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+def test_compose_accepts_the_definition_and_resolves_mounts_against_the_deploy_folder(staged):
+    resolved = resolved_by_compose(staged, definition(staged))
+    triton, api = resolved["services"]["triton"], resolved["services"]["api"]
+    mounts = {target: (source, mode) for source, target, *mode in (v.split(":") for v in triton["volumes"])}
+    assert mounts["/models"] == (str(staged / "models"), ["ro"])
+    assert mounts["/weights"] == (str(staged / "weights"), ["ro"])
+    assert mounts["/cache/huggingface"] == (str(staged / "cache" / "huggingface"), ["rw"])
+    assert api["user"] == "1000:1000", "the API runs as the login user (.env)"
+    assert resolved["secrets"]["jupyter_token"]["file"] == str(staged / "run" / "jupyter.token")
+
+
+def test_triton_gets_every_gpu_enough_shared_memory_and_a_restart_policy(staged):
+    triton = definition(staged)["services"]["triton"]
+    assert triton["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+    ]
+    assert triton["shm_size"] == SETTINGS["docker"]["shm_size"] == "4g"
+    assert triton["ulimits"]["memlock"] == -1
+    assert triton["restart"] == "unless-stopped"
+    assert triton["environment"]["HF_HOME"] == "/cache/huggingface", "BLIP downloads are kept on the host"
+    assert f"--http-port={PORTS['triton_http']}" in triton["command"]
+    assert f"--metrics-port={PORTS['triton_metrics']}" in triton["command"]
+
+
+def test_both_containers_share_a_user_defined_network_and_the_api_finds_triton_by_name(staged):
+    compose = definition(staged)
+    assert compose["networks"]["lab"] == {"name": "triton-lab", "driver": "bridge"}
+    for service in compose["services"].values():
+        assert service["networks"] == ["lab"] and service["restart"] == "unless-stopped"
+    api = compose["services"]["api"]
+    assert api["environment"]["TRITON_URL"] == f"triton:{PORTS['triton_http']}", "not localhost: another container"
+    assert api["environment"]["JUPYTER_TOKEN_FILE"] == "/run/secrets/jupyter_token"
+    assert "JUPYTER_TOKEN" not in api["environment"], "the token is a secret file, never in the definition"
+
+
+def test_every_port_is_bound_to_127_0_0_1_unless_published(staged):
+    private = definition(staged)
+    ports = [port for service in private["services"].values() for port in service["ports"]]
+    assert sorted(ports) == sorted(f"127.0.0.1:{port}:{port}" for port in PORTS.values())
+    published = definition(staged, bind_address="0.0.0.0")
+    assert all(port.startswith("0.0.0.0:") for s in published["services"].values() for port in s["ports"])
+
+
+def test_the_ports_come_from_the_one_place_that_knows_them(staged):
+    settings = {**SETTINGS, "ports": {name: port + 1000 for name, port in PORTS.items()}}
+    images = containers.images(settings, staged / "build")
+    compose = containers.compose_definition(settings, {n: i["tag"] for n, i in images.items()}, "127.0.0.1")
+    triton, api = compose["services"]["triton"], compose["services"]["api"]
+    assert "127.0.0.1:9000:9000" in triton["ports"] and "--http-port=9000" in triton["command"]
+    assert api["environment"]["TRITON_URL"] == "triton:9000"
+    assert api["environment"]["API_PORT"] == "9080" and "127.0.0.1:9888:9888" in api["ports"]
+
+
+def test_image_tags_change_exactly_when_an_images_inputs_change(staged):
+    before = containers.images(SETTINGS, staged / "build")
+    assert containers.images(SETTINGS, staged / "build") == before, "same inputs, same tags: nothing to rebuild"
+    requirements = staged / "build" / "model_repository" / "requirements.txt"
+    requirements.write_text(requirements.read_text() + "\n# changed\n")
+    after = containers.images(SETTINGS, staged / "build")
+    assert after["triton"]["tag"] != before["triton"]["tag"] and after["api"]["tag"] == before["api"]["tag"]
+    (staged / "build" / "client_scripts" / "api.py").write_text("# changed\n")
+    assert containers.images(SETTINGS, staged / "build")["api"]["tag"] != before["api"]["tag"]
+    other_base = {**SETTINGS, "docker": {**SETTINGS["docker"], "triton_image": "nvcr.io/nvidia/tritonserver:24.09-py3"}}
+    assert containers.images(other_base, staged / "build")["triton"]["tag"] != after["triton"]["tag"]
+
+
+def test_the_triton_build_command_passes_the_pinned_base_image_and_torch(staged):
+    command = containers.images(SETTINGS, staged / "build")["triton"]["build_command"]
+    assert command[:4] == ["docker", "build", "--file", "Dockerfile.triton"] and command[-1] == "."
+    assert "--build-arg=TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3" in command
+    assert "--build-arg=CONSTRAINTS=constraints/p100.txt" in command
+    assert "--build-arg=TORCH_INDEX=https://download.pytorch.org/whl/cu126" in command
+
+
+def _copy_sources(dockerfile: Path, build_args: dict) -> list[str]:
+    sources = []
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY ") and "<<" not in line:
+            words = [w for w in line.split()[1:] if not w.startswith("--")]
+            sources += [re.sub(r"\$\{(\w+)\}", lambda m: build_args[m[1]], w) for w in words[:-1]]
+    return sources
+
+
+@pytest.mark.parametrize("image", ["triton", "api"])
+def test_the_build_context_holds_everything_the_dockerfile_copies(staged, image):
+    args = containers.build_args(SETTINGS)[image]
+    dockerfile = staged / "build" / f"Dockerfile.{image}"
+    sources = _copy_sources(dockerfile, args)
+    assert sources, "the Dockerfile copies something"
+    for source in sources:
+        assert (staged / "build" / source.rstrip("/")).exists(), f"{source} is not in the build context"
+
+
+def test_dockerfile_triton_pins_ngc_24_10_and_checks_the_torch_build():
+    text = (PROJECT_ROOT / "Dockerfile.triton").read_text()
+    assert f"ARG TRITON_IMAGE={SETTINGS['docker']['triton_image']}" in text
+    assert f"ARG CONSTRAINTS={SETTINGS['docker']['constraints']}" in text
+    assert "ARG REQUIRED_TORCH_ARCH=sm_60" in text and "torch.cuda.get_arch_list()" in text
+    assert "HEALTHCHECK" in text and "/v2/health/ready" in text
+    assert "model_repository/requirements.txt" in text, "the one list of serving requirements"
+
+
+def test_dockerfile_api_brings_perf_analyzer_and_refuses_to_start_without_address_or_token():
+    text = (PROJECT_ROOT / "Dockerfile.api").read_text()
+    assert '"tritonclient[all]==2.51.0"' in text
+    assert "set TRITON_URL" in text and "Jupyter never runs without a token" in text
+    assert "localhost:8000" not in text
