@@ -29,7 +29,7 @@ SERVICES = {"triton": "triton", "api": "api", "jupyter": "api"}  # fab's service
 
 def compose(home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["docker", "compose", "--project-directory", str(home), *args],
+        ["docker", "compose", "--file", str(home / "compose.yaml"), *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -154,3 +154,42 @@ def test_dockerfile_api_brings_perf_analyzer_and_refuses_to_start_without_addres
     assert '"tritonclient[all]==2.51.0"' in text
     assert "set TRITON_URL" in text and "Jupyter never runs without a token" in text
     assert "localhost:8000" not in text
+
+
+@pytest.mark.parametrize(
+    "listing",
+    [
+        # docker compose >= 2.21: one JSON object per line; older releases: one array.
+        '{"Service":"triton","Name":"triton-lab-triton-1","State":"running","Health":"healthy"}\n'
+        '{"Service":"api","Name":"triton-lab-api-1","State":"running","Health":""}\n',
+        '[{"Service":"triton","Name":"triton-lab-triton-1","State":"running","Health":"healthy"},'
+        '{"Service":"api","Name":"triton-lab-api-1","State":"running","Health":""}]\n',
+    ],
+)
+def test_fab_status_reads_the_containers_from_either_compose_listing(tmp_path, monkeypatch, listing):
+    from provision import container_runtime
+
+    # A stand-in for the Docker CLI (no engine here), answering `docker compose --file F ps --all --format json`.
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "listing.json").write_text(listing)
+    docker = tmp_path / "bin" / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\ncat {tmp_path}/listing.json\n')
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+
+    found = container_runtime.containers(tmp_path / "deploy")
+    assert found == {
+        "triton": {"name": "triton-lab-triton-1", "state": "running", "health": "healthy"},
+        "api": {"name": "triton-lab-api-1", "state": "running", "health": None},
+    }
+    assert (tmp_path / "argv").read_text().split() == [
+        "compose", "--file", str(tmp_path / "deploy" / "compose.yaml"), "ps", "--all", "--format", "json",
+    ]  # fmt: skip
+
+    # Nothing answers on these ports: the containers are listed, the services are not healthy.
+    from provision.background import free_ports
+
+    ports = dict(zip(["triton_http", "triton_grpc", "triton_metrics", "api", "jupyter"], free_ports(5)))
+    status = container_runtime.status(tmp_path / "deploy", "127.0.0.1", ports)
+    assert status["triton"]["pid"] == "triton-lab-triton-1 running" and status["triton"]["ready"] is False
+    assert status["api"]["healthy"] is False and status["jupyter"]["url"] == f"http://127.0.0.1:{ports['jupyter']}"
