@@ -4,6 +4,10 @@ perf_analyzer (from the tritonclient 2.51.0 wheel) measures throughput and
 latency percentiles of a model at a range of concurrencies. Its `-f` CSV has
 one row per concurrency, sorted by throughput (not by concurrency), times in
 microseconds; `parse_csv` turns it into rows sorted by concurrency.
+
+On GPU hosts it can also record Triton's GPU metrics per concurrency
+(`PerfRun(metrics_url=...)`: --collect-metrics --verbose-csv); `parse_csv`
+puts them under row["gpus"], one entry per GPU UUID.
 """
 
 from __future__ import annotations
@@ -26,6 +30,32 @@ _COLUMNS = {
     "Server Queue": "server_queue_us",
     "Server Compute Infer": "server_compute_infer_us",
 }
+
+# The GPU columns of perf_analyzer 2.51 (r24.10) with --collect-metrics --verbose-csv, and our
+# names for them. Source: triton-inference-server/perf_analyzer, branch r24.10:
+#   src/report_writer.cc, ReportWriter::GenerateReport: the header ends
+#     ...,p50 latency,p90 latency,p95 latency,p99 latency[,Avg latency],request/response,response wait,
+#     Avg GPU Utilization,Avg GPU Power Usage,Max GPU Memory Usage,Total GPU Memory
+#   ("Avg latency" only without --percentile); the GPU columns only when both flags are given.
+#   ReportWriter::WriteGpuMetrics: each field is "<gpu uuid>:<value>;" once per GPU (std::map, so in
+#   UUID order), trailing ';' included; a field is empty when the metric was not found (a CPU host).
+#   src/metrics.h: utilisation and power are doubles (written with the stream's default 6
+#   significant digits), memory used/total are uint64 bytes.
+#   src/client_backend/triton/triton_client_backend.cc: the values are Triton's Prometheus gauges
+#   nv_gpu_utilization (a fraction, 0..1), nv_gpu_power_usage (W), nv_gpu_memory_used_bytes and
+#   nv_gpu_memory_total_bytes, keyed by their gpu_uuid label ("GPU-...");
+#   src/inference_profiler.cc, MergeMetrics (and docs/measurements_metrics.md): per concurrency,
+#   utilisation and power are the average of all samples of the stable windows, memory used the
+#   maximum, total memory the first sample.
+# The real 2.51 binary writes exactly this (tests/data/README.md: recorded CSVs, 2 GPUs and a CPU host).
+GPU_COLUMNS = {
+    "Avg GPU Utilization": "utilization",  # fraction of time busy, 0..1 (not percent)
+    "Avg GPU Power Usage": "power_w",  # watts
+    "Max GPU Memory Usage": "memory_used_bytes",  # bytes
+    "Total GPU Memory": "memory_total_bytes",  # bytes
+}
+_INTEGER_GPU_FIELDS = ("memory_used_bytes", "memory_total_bytes")
+DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-interval
 
 
 def write_input_json(path: Path, images_b64: list[bytes], input_name: str = "INPUT_IMAGE") -> Path:
@@ -51,6 +81,13 @@ class PerfRun:
     # (windows of measurement_request_count requests: robust on slow, busy machines).
     measurement_mode: str = "time_windows"
     measurement_request_count: int = 50
+    # Triton's metrics endpoint ("host:8002/metrics"): when set, perf_analyzer samples the GPU
+    # metrics every metrics_interval_ms and writes them to the CSV (parse_csv: row["gpus"]).
+    # On a CPU host Triton serves no GPU metrics: perf_analyzer warns, measures as usual and leaves
+    # the GPU columns empty. An endpoint it cannot reach fails the whole run (exit 99, "Unable to
+    # connect to Metrics endpoint <url>"), so point it only at a Triton that serves metrics.
+    metrics_url: str | None = None
+    metrics_interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     extra_args: list[str] = field(default_factory=list)
 
     def command(self, perf_analyzer: str = "perf_analyzer") -> list[str]:
@@ -80,7 +117,21 @@ class PerfRun:
             "--percentile=95",
             "-f",
             str(self.csv_path),
+            *self.metrics_args(),
             *self.extra_args,
+        ]
+
+    def metrics_args(self) -> list[str]:
+        """The GPU metrics flags, or none; perf_analyzer writes the metrics to the CSV only with --verbose-csv."""
+        if not self.metrics_url:
+            return []
+        return [
+            "--collect-metrics",
+            "--metrics-url",
+            self.metrics_url,
+            "--metrics-interval",
+            str(self.metrics_interval_ms),
+            "--verbose-csv",
         ]
 
     def run(self, perf_analyzer: str, env: dict, timeout_s: float = 600) -> subprocess.CompletedProcess:
@@ -106,8 +157,42 @@ _LATENCY_PARTS = (
 )
 
 
+def metrics_url(host: str, port: int = 8002) -> str:
+    """Triton's metrics endpoint in the form --metrics-url takes."""
+    return f"{host}:{port}/metrics"
+
+
+def parse_gpu_field(text: str | None) -> dict[str, float]:
+    """One GPU column's field, "GPU-a:0.73;GPU-b:0.5;" -> {"GPU-a": 0.73, "GPU-b": 0.5}; "" -> {}."""
+    values = {}
+    for pair in (text or "").split(";"):
+        pair = pair.strip()
+        if not pair:
+            continue
+        uuid, colon, value = pair.rpartition(":")
+        if not colon or not uuid:
+            raise ValueError(f"not a <gpu uuid>:<value> pair: {pair!r} (in {text!r})")
+        values[uuid] = float(value)
+    return values
+
+
+def _gpus(raw: dict) -> dict[str, dict]:
+    """The GPU columns of one CSV row -> {uuid: {"utilization": .., "power_w": .., ...}}; {} without them."""
+    gpus: dict[str, dict] = {}
+    for column, name in GPU_COLUMNS.items():
+        for uuid, value in parse_gpu_field(raw.get(column)).items():
+            gpus.setdefault(uuid, {})[name] = int(value) if name in _INTEGER_GPU_FIELDS else value
+    return dict(sorted(gpus.items()))
+
+
 def parse_csv(path: Path) -> list[dict]:
-    """perf_analyzer's CSV -> [{"concurrency": 2, "throughput": 51.2, "p50_us": ...}], by concurrency."""
+    """perf_analyzer's CSV -> [{"concurrency": 2, "throughput": 51.2, "p50_us": ...}], by concurrency.
+
+    With GPU metrics (PerfRun.metrics_url) a row also has "gpus": {uuid: {"utilization": fraction
+    0..1, "power_w": watts, "memory_used_bytes": peak bytes, "memory_total_bytes": bytes}}; a
+    GPU lacks a key whose metric Triton did not report. Rows without GPU metrics (no such
+    columns, or empty ones on a CPU host) have no "gpus" key.
+    """
     rows = []
     with open(path, newline="") as file:
         for raw in csv.DictReader(file):
@@ -118,6 +203,9 @@ def parse_csv(path: Path) -> list[dict]:
                     row[name] = int(value) if name == "concurrency" else value
             if "avg_us" not in row and all(raw.get(part) not in ("", None) for part in _LATENCY_PARTS):
                 row["avg_us"] = sum(float(raw[part]) for part in _LATENCY_PARTS)
+            gpus = _gpus(raw)
+            if gpus:
+                row["gpus"] = gpus
             if "concurrency" in row and "throughput" in row:
                 rows.append(row)
     if not rows:

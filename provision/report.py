@@ -2,9 +2,14 @@
 
 results/<run-id>/
   summary.json          {"run_id", "models": {model: [{concurrency, throughput, p50_us, ...}]}, ...}
-  report.md             tables, the best configuration, published P100 figures on P100 hosts
+                        with GPU metrics (perf_analyzer --collect-metrics) a row also has
+                        "gpus": {uuid: {utilization, power_w, memory_used_bytes, memory_total_bytes}},
+                        and "gpu_metrics": {"collected", "gpus", "units"} says whether any were
+  report.md             tables, the best configuration, published P100 figures on P100 hosts,
+                        GPU utilisation/memory/power per concurrency where collected
   throughput.png        throughput vs concurrency, one line per model
   latency.png           p50/p90/p95/p99 vs concurrency, one panel per model
+  gpu_utilization.png   GPU utilisation vs concurrency, one line per model and GPU (only with GPU metrics)
   hosts/<host>/         raw perf_analyzer CSVs and logs, host.json, configs/ as deployed
   input.jpg             the benchmark image (hosts/<host>/input.json: perf_analyzer input made from it)
 """
@@ -15,6 +20,15 @@ import json
 from pathlib import Path
 
 from provision.perf import parse_csv
+
+# The units of a row's "gpus" entries (provision.perf.GPU_COLUMNS: as perf_analyzer writes them).
+GPU_UNITS = {
+    "utilization": "fraction of time busy, 0..1, averaged over the measurement windows",
+    "power_w": "watts, averaged over the measurement windows",
+    "memory_used_bytes": "bytes, the peak over the measurement windows",
+    "memory_total_bytes": "bytes",
+}
+MIB = 1024 * 1024
 
 # serve-system-chi on 2 x P100 (REFERENCE.md section 6), concurrency 8 unless noted.
 PUBLISHED_P100 = [
@@ -65,6 +79,17 @@ def _best(models: dict[str, list[dict]]) -> dict | None:
     return {"model": model, "concurrency": row["concurrency"], "throughput": throughput, "p95_us": row.get("p95_us")}
 
 
+def gpu_uuids(models: dict[str, list[dict]]) -> list[str]:
+    """The GPUs any row has metrics for; [] when none were collected (a CPU host, or no --collect-metrics)."""
+    return sorted({uuid for rows in models.values() for row in rows for uuid in row.get("gpus", {})})
+
+
+def _gpu_labels(uuids: list[str]) -> dict[str, str]:
+    """Short names for the tables and plots: "GPU-3f2a9c4e", or the whole UUID where those collide."""
+    short = {uuid: uuid[:12] for uuid in uuids}
+    return short if len(set(short.values())) == len(uuids) else {uuid: uuid for uuid in uuids}
+
+
 def _has_p100(facts: dict) -> bool:
     return any("P100" in gpu.get("name", "") for gpu in facts.get("gpus", []))
 
@@ -100,7 +125,66 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
     figure.tight_layout()
     figure.savefig(results / "latency.png", dpi=110)
     plt.close(figure)
-    return ["throughput.png", "latency.png"]
+    plots = ["throughput.png", "latency.png"]
+
+    uuids = gpu_uuids(models)
+    if uuids:
+        labels = _gpu_labels(uuids)
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for model, rows in models.items():
+            for uuid in uuids:
+                points = [
+                    (r["concurrency"], r["gpus"][uuid]["utilization"] * 100)
+                    for r in rows
+                    if "utilization" in r.get("gpus", {}).get(uuid, {})
+                ]
+                if points:
+                    axes.plot(*zip(*points), marker="o", label=f"{model} {labels[uuid]}")
+        levels = sorted({r["concurrency"] for rows in models.values() for r in rows if r.get("gpus")})
+        axes.set(xlabel="concurrency", ylabel="GPU utilisation (%)", ylim=(0, 105), xticks=levels)
+        axes.set_title(f"GPU utilisation vs concurrency{title}")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="x-small")
+        figure.tight_layout()
+        figure.savefig(results / "gpu_utilization.png", dpi=110)
+        plt.close(figure)
+        plots.append("gpu_utilization.png")
+    return plots
+
+
+def _gpu_table(rows: list[dict], labels: dict[str, str]) -> list[str]:
+    """One line per concurrency and GPU; [] when the model's rows have no GPU metrics."""
+    if not any(row.get("gpus") for row in rows):
+        return []
+
+    def cell(value, scale: float = 1.0, digits: int = 1) -> str:
+        return "-" if value is None else f"{value * scale:.{digits}f}"
+
+    lines = [
+        "GPU metrics (Triton's, sampled by perf_analyzer during the measurement windows):",
+        "",
+        "| concurrency | GPU | utilisation % | memory used / total MiB | power W |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        for uuid, gpu in row.get("gpus", {}).items():
+            memory = (
+                f"{cell(gpu.get('memory_used_bytes'), 1 / MIB, 0)} / {cell(gpu.get('memory_total_bytes'), 1 / MIB, 0)}"
+            )
+            lines.append(
+                f"| {row['concurrency']} | {labels[uuid]} | {cell(gpu.get('utilization'), 100)} | {memory} "
+                f"| {cell(gpu.get('power_w'))} |"
+            )
+    return lines
+
+
+def _gpu_metrics_line(summary: dict) -> str:
+    uuids = summary["gpu_metrics"]["gpus"]
+    if uuids:
+        return f"- GPU metrics: {len(uuids)} GPU(s) ({', '.join(uuids)}), from Triton's metrics endpoint"
+    if any("--collect-metrics" in command for command in summary["commands"].values()):
+        return "- GPU metrics: none collected (perf_analyzer asked for them, but Triton reported no GPUs: a CPU host)"
+    return "- GPU metrics: none collected (CPU host: perf_analyzer ran without --collect-metrics)"
 
 
 def _markdown(summary: dict, host_name: str) -> str:
@@ -125,6 +209,7 @@ def _markdown(summary: dict, host_name: str) -> str:
             else f"{summary['profile']['measurement_interval_ms']} ms windows)"
         ),
         f"- git commit: {summary['git']['commit']}{' (with uncommitted changes)' if summary['git']['dirty'] else ''}",
+        _gpu_metrics_line(summary),
         "",
     ]
     best = summary["best"]
@@ -134,6 +219,7 @@ def _markdown(summary: dict, host_name: str) -> str:
             f"{best['throughput']:.1f} infer/s (p95 {best['p95_us'] / 1000:.1f} ms).",
             "",
         ]
+    labels = _gpu_labels(summary["gpu_metrics"]["gpus"])
     for model, rows in summary["models"].items():
         lines += [
             f"## {model}",
@@ -146,6 +232,11 @@ def _markdown(summary: dict, host_name: str) -> str:
             f"| {r['p95_us'] / 1000:.1f} | {r['p99_us'] / 1000:.1f} |"
             for r in rows
         ]
+        gpu_table = _gpu_table(rows, labels)
+        if gpu_table:
+            lines += ["", *gpu_table]
+        elif labels:  # other models of the run have them
+            lines += ["", "GPU metrics: none for this model."]
         if model in summary["missing_levels"]:
             levels = ", ".join(str(level) for level in summary["missing_levels"][model])
             lines += [
@@ -169,6 +260,8 @@ def _markdown(summary: dict, host_name: str) -> str:
             lines.append(f"| {config} | {concurrency} | {throughput} | {latency} | {mine} |")
         lines.append("")
     lines += ["![throughput](throughput.png)", "", "![latency](latency.png)", ""]
+    if "gpu_utilization.png" in summary["plots"]:
+        lines += ["![GPU utilisation](gpu_utilization.png)", ""]
     return "\n".join(lines)
 
 
@@ -200,6 +293,8 @@ def write_report(
         "commands": commands,
         "git": git,
         "p100_comparison": _has_p100(hosts[first]["facts"]),
+        # The metrics themselves are in the rows ("gpus"); this says whether there are any, and their units.
+        "gpu_metrics": {"collected": bool(gpu_uuids(models)), "gpus": gpu_uuids(models), "units": GPU_UNITS},
     }
     title = " (SMOKE WEIGHTS)" if smoke_weights else ""
     summary["plots"] = _plots(results, models, title)

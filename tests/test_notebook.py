@@ -9,6 +9,7 @@ the notebook must run top to bottom on them, unattended.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,7 +58,7 @@ def _bench(results: Path, run_id: str, models: list[str], url: str, env: dict, i
             measurement_mode=profile["measurement_mode"],
             measurement_request_count=profile["measurement_request_count"],
             stability_percentage=999,  # accept the first windows: this machine is noisy
-            max_trials=3,
+            max_trials=5,  # more windows to find 3 alike in, on a starved machine
         )
         perf.run(str(Path(sys.executable).parent / "perf_analyzer"), env=env, timeout_s=300)
         commands[model] = " ".join(perf.command())
@@ -154,3 +155,28 @@ def test_the_notebook_takes_its_runs_from_the_environment(results, monkeypatch):
     assert "no second run" in text and "| A infer/s" not in text
     assert "### food_classifier" in text
     assert images >= 3
+
+
+def test_the_notebook_shows_gpu_metrics_where_a_run_has_them(tmp_path, monkeypatch):
+    """A run from a two-GPU host (perf_analyzer --collect-metrics, recorded in tests/data/), no server needed."""
+    root = tmp_path / "results"
+    run = root / "20260103-120000-ssh"
+    host = run / "hosts" / "gpu-host"
+    host.mkdir(parents=True)
+    shutil.copy(
+        Path(__file__).parent / "data" / "perf_analyzer_2gpu_metrics.csv", host / "multigpu_food_classifier.csv"
+    )
+    write_report(
+        run,
+        run_id=run.name,
+        target="ssh",
+        profile={"name": "quick", "concurrency_range": "2:6:2", "measurement_interval_ms": 2000},
+        commands={"multigpu_food_classifier": "perf_analyzer -m multigpu_food_classifier --collect-metrics"},
+        smoke_weights=False,
+        git={"commit": None, "dirty": False},
+    )
+    text, images = execute(root, monkeypatch, COMPARE_DIR="none")
+    assert "| model | concurrency | GPU | utilisation % | memory used / total MiB | power W |" in text
+    assert "| multigpu_food_classifier | 2 | GPU-3f2a9c4e | 67.3 | 2539 / 16281 | 75.7 |" in text
+    assert "no GPU metrics in this run" not in text
+    assert images >= 4, "throughput.png, latency.png, gpu_utilization.png and the latency/throughput plot"
