@@ -32,12 +32,26 @@ class BenchError(RuntimeError):
     pass
 
 
-def perf_runs(models: list[str], url: str, profile: dict) -> list[PerfRun]:
+def triton_endpoints(runtime: str, bind_address: str, ports: dict) -> tuple[str, str | None]:
+    """(Triton's HTTP address, its metrics URL or None) as perf_analyzer reaches them on the host.
+
+    process: perf_analyzer runs on the host; Triton listens on bind_address.
+    docker:  perf_analyzer runs in the API container; Triton is the `triton`
+             container on their network, and its GPU metrics are collected.
+    """
+    if runtime == "docker":
+        return f"triton:{ports['triton_http']}", f"triton:{ports['triton_metrics']}/metrics"
+    address = "127.0.0.1" if bind_address == "0.0.0.0" else bind_address  # a published port answers here too
+    return f"{address}:{ports['triton_http']}", None
+
+
+def perf_runs(models: list[str], url: str, metrics_url: str | None = None, *, profile: dict) -> list[PerfRun]:
     """One perf_analyzer run per model; paths are relative to the host's benchmark folder."""
     return [
         PerfRun(
             model=model,
             url=url,
+            metrics_url=metrics_url,
             input_json=Path("input.json"),
             csv_path=Path(f"{model}.csv"),
             concurrency_range=str(profile["concurrency_range"]),
@@ -88,12 +102,13 @@ def bench(
 
     bind = state.deploy["bind_address"]
     ports = state.deploy["ports"]
-    runs = perf_runs(models, f"{bind}:{ports['triton_http']}", profile)
+    runs = perf_runs(models, *triton_endpoints(state.runtime, bind, ports), profile=profile)
     say(f"benchmarking {len(models)} model(s) at concurrency {profile['concurrency_range']} ({profile_name} profile)")
     run_playbook(
         "bench.yml",
         {
             "lab_run_id": run_id,
+            "lab_runtime": state.runtime,
             "lab_hosts": state.deploy["hosts"],
             "lab_bind_address": bind,
             "lab_ports": ports,

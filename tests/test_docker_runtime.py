@@ -153,3 +153,18 @@ def test_teardown_of_a_docker_host_that_never_deployed_verifies_and_forgets(lab,
     assert "teardown complete" in done.stdout
     assert lab.state() is None
 
+
+def test_bench_measures_from_the_api_container_against_the_triton_container_with_gpu_metrics():
+    from provision.bench import perf_runs, triton_endpoints
+    from provision.config import defaults
+
+    settings = defaults()
+    ports, quick = settings["ports"], settings["bench"]["quick"]
+    docker = perf_runs(["food_classifier"], *triton_endpoints("docker", "127.0.0.1", ports), profile=quick)[0].command()
+    assert docker[docker.index("-u") + 1] == f"triton:{ports['triton_http']}"
+    assert "--collect-metrics" in docker and "--verbose-csv" in docker
+    assert docker[docker.index("--metrics-url") + 1] == f"triton:{ports['triton_metrics']}/metrics"
+
+    process = perf_runs(["food_classifier"], *triton_endpoints("process", "127.0.0.1", ports), profile=quick)[0].command()
+    assert process[process.index("-u") + 1] == f"127.0.0.1:{ports['triton_http']}"
+    assert "--collect-metrics" not in process, "a CPU host's Triton serves no GPU metrics"
