@@ -10,12 +10,12 @@ RUNTIME := .runtime
 # This machine's disk holds the torch build pinned in constraints/local.txt.
 CONSTRAINTS ?= constraints/local.txt
 
-.PHONY: demo test setup venv runtime weights system-deps lint clean
+.PHONY: demo test setup venv runtime weights system-deps trained-model lint clean
 
 demo: setup
 	$(BIN)/python -m provision.demo
 
-test: setup system-deps
+test: setup system-deps trained-model
 	$(BIN)/python -m pytest
 
 # What the tests need from the system: sshd (the ssh-target tests start their own
@@ -31,6 +31,18 @@ system-deps:
 	    echo "the tests need: sudo apt-get install openssh-server sudo docker-compose" >&2; exit 1; \
 	  fi; \
 	fi
+
+# tests/test_preprocessing.py's trained MobileNetV2: nsfwjs's, from the npm registry
+# (tests/trained_mobilenet.py), read with node; Debian's nodejs and npm if they are missing.
+trained-model: $(RUNTIME)/nsfwjs/package/dist/models/mobilenet_v2/model.min.js
+$(RUNTIME)/nsfwjs/package/dist/models/mobilenet_v2/model.min.js: | $(VENV)/.installed
+	@command -v node >/dev/null && command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	  else \
+	    echo "the trained-network tests need: sudo apt-get install nodejs npm" >&2; exit 1; \
+	  fi; }
+	$(BIN)/python tests/trained_mobilenet.py
 
 setup: venv runtime weights
 

@@ -50,7 +50,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # Reduced-size JPEG decoding keeps at least this many pixels on the short side:
 # twice the Resize target, so the final resize still averages >= 2x2 decoded
 # pixels per output pixel. Measured against the full decode (tests/test_preprocessing.py):
-# network inputs differ by < 0.1 grey level on average, at most 3 levels.
+# network inputs differ by < 0.1 grey level on average on generated pictures, up to
+# 0.32 on real photos (at most 6 levels); a trained MobileNetV2 gives the same labels,
+# probabilities within 0.05.
 REDUCED_DECODING_MIN_SIDE = 2 * RESIZE_TO
 
 
