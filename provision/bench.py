@@ -18,6 +18,7 @@ from pathlib import Path
 from provision import config, sample_images
 from provision import state as state_module
 from provision.ansible import run_playbook
+from provision.background import reachable_address
 from provision.model_repo import model_names
 from provision.perf import PerfRun
 from provision.report import write_report
@@ -41,8 +42,7 @@ def triton_endpoints(runtime: str, bind_address: str, ports: dict) -> tuple[str,
     """
     if runtime == "docker":
         return f"triton:{ports['triton_http']}", f"triton:{ports['triton_metrics']}/metrics"
-    address = "127.0.0.1" if bind_address == "0.0.0.0" else bind_address  # a published port answers here too
-    return f"{address}:{ports['triton_http']}", None
+    return f"{reachable_address(bind_address)}:{ports['triton_http']}", None
 
 
 def perf_runs(models: list[str], url: str, metrics_url: str | None = None, *, profile: dict) -> list[PerfRun]:

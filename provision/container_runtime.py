@@ -21,6 +21,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from provision.background import reachable_address
+
 # Relative to the deploy folder: compose.yaml hands it to the API container as a
 # secret; the process runtime keeps its token at the same path.
 TOKEN_FILE_ON_HOST = "run/jupyter.token"
@@ -63,7 +65,7 @@ def _get(url: str, method: str = "GET", body: bytes | None = None):
 
 
 def status(home: Path, bind_address: str, ports: dict) -> dict:
-    address = "127.0.0.1" if bind_address in ("0.0.0.0", "") else bind_address  # a published port answers here too
+    address = reachable_address(bind_address)  # a published port answers on the loopback too
     running = containers(home)
     triton_url = f"http://{address}:{ports['triton_http']}"
     ready, _ = _get(f"{triton_url}/v2/health/ready")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from provision import hosts as host_commands
-from provision.background import port_is_free
+from provision.background import port_is_free, reachable_address
 from provision.state import Host, State
 
 LOCAL_ADDRESS = "127.0.0.1"  # the tunnel's end here: the user's machine only, as on the host
@@ -66,8 +66,7 @@ def forwards(state: State, offset: int = 0) -> list[Forward]:
 
 def remote_address(state: State) -> str:
     """Where the services listen on the host; a wildcard bind is reached on the loopback."""
-    address = state.deploy.get("bind_address") or "127.0.0.1"
-    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+    return reachable_address(state.deploy.get("bind_address") or "127.0.0.1")
 
 
 def deployed_home(state: State, host: Host) -> str:

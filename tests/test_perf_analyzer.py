@@ -23,23 +23,27 @@ def warm_model(triton_server):
         classify(client, "batching_food_classifier", [sample_images.b64(sample_images.jpeg(seed=0))])
 
 
-def test_perf_analyzer_measures_the_batching_classifier(triton_server, triton_runtime, tmp_path):
-    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")  # from the tritonclient wheel
+def _short_run(triton_server, tmp_path, **options) -> PerfRun:
+    """batching_food_classifier on three JPEGs, in short windows whose figures are not what these tests check."""
     images = [sample_images.b64(sample_images.jpeg(seed=seed)) for seed in range(3)]
-    run = PerfRun(
+    return PerfRun(
         model="batching_food_classifier",
         url=f"{triton_server.host}:{triton_server.http_port}",
         input_json=write_input_json(tmp_path / "input.json", images),
         csv_path=tmp_path / "perf.csv",
-        concurrency_range="1:4:3",
-        # Short windows of 10 requests each (a time window can come back empty on
-        # a busy machine), and the first windows accepted as they are: the
-        # figures are not what this test checks; the benchmark does.
+        # Windows of 10 requests each (a time window can come back empty on a busy
+        # machine), and the first windows accepted as they are: the benchmark measures.
         measurement_mode="count_windows",
         measurement_request_count=10,
         stability_percentage=999,
         max_trials=5,  # more windows to find 3 alike in, on a starved machine
+        **options,
     )
+
+
+def test_perf_analyzer_measures_the_batching_classifier(triton_server, triton_runtime, tmp_path):
+    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")  # from the tritonclient wheel
+    run = _short_run(triton_server, tmp_path, concurrency_range="1:4:3")
     run.run(perf_analyzer, env=perf_analyzer_env(triton_runtime.root), timeout_s=300)
 
     rows = parse_csv(run.csv_path)
@@ -50,21 +54,8 @@ def test_perf_analyzer_measures_the_batching_classifier(triton_server, triton_ru
 
 
 def _metrics_run(triton_server, tmp_path, metrics_url: str) -> PerfRun:
-    """A short run that asks for GPU metrics (one concurrency, windows of 10 requests, any window accepted)."""
-    images = [sample_images.b64(sample_images.jpeg(seed=seed)) for seed in range(3)]
-    return PerfRun(
-        model="batching_food_classifier",
-        url=f"{triton_server.host}:{triton_server.http_port}",
-        input_json=write_input_json(tmp_path / "input.json", images),
-        csv_path=tmp_path / "perf.csv",
-        concurrency_range="1",
-        measurement_mode="count_windows",
-        measurement_request_count=10,
-        stability_percentage=999,
-        max_trials=5,
-        metrics_url=metrics_url,
-        metrics_interval_ms=250,
-    )
+    """A short run at one concurrency that asks for GPU metrics."""
+    return _short_run(triton_server, tmp_path, concurrency_range="1", metrics_url=metrics_url, metrics_interval_ms=250)
 
 
 def test_perf_analyzer_asked_for_gpu_metrics_on_a_cpu_host_measures_as_before(triton_server, triton_runtime, tmp_path):
