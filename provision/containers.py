@@ -1,13 +1,18 @@
 """The docker runtime's containers, defined once: the build contexts, the image tags, compose.yaml.
 
-`fab deploy` stages, on the controller, everything a GPU host needs to run
+`fab deploy` stages, on the controller, everything a host needs to run
 Triton and the API in containers:
 
-    build/            the two images' build context (the Dockerfiles and what they COPY)
-    compose.yaml      both containers, their network, volumes, ports and restart policies
+    build/                  the two images' build context (the Dockerfiles and what they COPY),
+                            the same for every host
+    containers-HOST/        that host's compose.yaml: both containers, their network, volumes,
+                            ports and restart policies, and its GPUs if it has any
 
-and the role playbooks/roles/triton_docker copies them to the host, builds the
-images that are missing and runs `docker compose up`. Paths in compose.yaml
+The second part depends on the host's GPUs, so the role playbooks/roles/triton_docker
+writes it once gpu_preflight has read them (`python -m provision.containers stage`,
+run on the controller), with the images' build arguments for those GPUs (the
+torch architectures they need, or a CPU build). It then copies both to the
+host, builds the images that are missing and runs `docker compose up`. Paths in compose.yaml
 are relative to the deploy folder on the host (Compose resolves them against
 the file's folder), so the file does not depend on where the host keeps it.
 
@@ -18,8 +23,11 @@ or Dockerfile gives a new tag, a rebuild and a recreated container.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
@@ -35,8 +43,8 @@ BENCH_IN_CONTAINER = "/app/bench"
 TOKEN_SECRET = "jupyter_token"
 
 # The files of each image's build context, relative to the project root
-# (the Dockerfiles COPY them by these paths).
-TRITON_CONTEXT = ("Dockerfile.triton", "model_repository/requirements.txt")
+# (the Dockerfiles COPY them by these paths; the constraints files come from the settings).
+TRITON_CONTEXT = ("Dockerfile.triton", "model_repository/requirements.txt", "provision/torch_arches.py")
 API_CONTEXT = ("Dockerfile.api", "client_scripts")
 
 
@@ -44,11 +52,24 @@ def _docker(settings: dict) -> dict:
     return settings["docker"]
 
 
+def torch_pins(settings: dict, gpu_capabilities: list[str]) -> tuple[str, str]:
+    """(constraints file, torch index) of the Triton image: the GPU build, or the CPU host's."""
+    docker = _docker(settings)
+    if gpu_capabilities:
+        return docker["constraints"], docker["torch_index"]
+    return docker["cpu_constraints"], docker["cpu_torch_index"]
+
+
 def stage_build_context(settings: dict, destination: Path) -> None:
-    """Copy what both Dockerfiles need into destination/, keeping the project's layout."""
+    """Copy what both Dockerfiles need into destination/, keeping the project's layout.
+
+    The context is the same for every host: it holds the constraints of both
+    torch builds, and each host's build arguments pick one.
+    """
     shutil.rmtree(destination, ignore_errors=True)
-    files = [*TRITON_CONTEXT, _docker(settings)["constraints"], *API_CONTEXT]
-    for relative in files:
+    docker = _docker(settings)
+    files = [*TRITON_CONTEXT, docker["constraints"], docker["cpu_constraints"], *API_CONTEXT]
+    for relative in dict.fromkeys(files):
         source = PROJECT_ROOT / relative
         target = destination / relative
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -58,16 +79,27 @@ def stage_build_context(settings: dict, destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-def build_args(settings: dict) -> dict[str, dict[str, str]]:
-    """The --build-arg values of each image."""
+def required_torch_arches(gpu_capabilities: list[str]) -> str:
+    """The architectures the torch build must have for these GPUs: ["6.0", "6.0"] -> "sm_60"; none: ""."""
+    return " ".join(sorted({"sm_" + capability.replace(".", "") for capability in gpu_capabilities}))
+
+
+def build_args(settings: dict, gpu_capabilities: list[str]) -> dict[str, dict[str, str]]:
+    """The --build-arg values of each image, for a host whose GPUs have these compute capabilities.
+
+    Every ARG the Dockerfiles declare is passed (tests/test_containers.py
+    checks it), so no Dockerfile default silently decides for a host.
+    """
     docker = _docker(settings)
+    constraints, torch_index = torch_pins(settings, gpu_capabilities)
     return {
         "triton": {
             "TRITON_IMAGE": docker["triton_image"],
-            "TORCH_INDEX": docker["torch_index"],
-            "CONSTRAINTS": docker["constraints"],
+            "TORCH_INDEX": torch_index,
+            "CONSTRAINTS": constraints,
+            "REQUIRED_TORCH_ARCH": required_torch_arches(gpu_capabilities),
         },
-        "api": {},
+        "api": {"PYTHON_IMAGE": docker["python_image"]},
     }
 
 
@@ -83,12 +115,12 @@ def _hash(root: Path, relatives: list[str], args: dict[str, str]) -> str:
     return digest.hexdigest()[:12]
 
 
-def images(settings: dict, context: Path) -> dict[str, dict]:
-    """{"triton": {"tag", "dockerfile", "build_command"}, "api": {...}} for a staged build context."""
+def images(settings: dict, context: Path, gpu_capabilities: list[str]) -> dict[str, dict]:
+    """{"triton": {"tag", "dockerfile", "build_command"}, "api": {...}} for a staged build context and a host's GPUs."""
     docker = _docker(settings)
-    args = build_args(settings)
+    args = build_args(settings, gpu_capabilities)
     inputs = {
-        "triton": [*TRITON_CONTEXT, docker["constraints"]],
+        "triton": [*TRITON_CONTEXT, torch_pins(settings, gpu_capabilities)[0]],
         "api": list(API_CONTEXT),
     }
     found = {}
@@ -104,8 +136,13 @@ def images(settings: dict, context: Path) -> dict[str, dict]:
     return found
 
 
-def compose_definition(settings: dict, image_tags: dict[str, str], bind_address: str) -> dict:
-    """compose.yaml as a dict: what runs, where it listens, what it mounts."""
+def compose_definition(settings: dict, image_tags: dict[str, str], bind_address: str, gpu_count: int) -> dict:
+    """compose.yaml as a dict for one host: what runs, where it listens, what it mounts.
+
+    The GPU parts (the device request, the memlock limit) only where there are
+    GPUs: an engine without the NVIDIA runtime refuses the device request, and
+    one that may not raise the hard memlock limit refuses the container.
+    """
     docker = _docker(settings)
     ports = settings["ports"]
     project = docker["project"]
@@ -136,14 +173,17 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
             f"./cache/huggingface:{HF_CACHE_IN_CONTAINER}",
         ],
         "ports": published("triton_http", "triton_grpc", "triton_metrics"),
-        # The Python backend moves every tensor through /dev/shm (Docker's 64 MB is too small);
-        # memlock and stack as NVIDIA recommends for its framework containers.
+        # The Python backend moves every tensor through /dev/shm (Docker's 64 MB is too small).
         "shm_size": docker["shm_size"],
-        "ulimits": {"memlock": -1, "stack": 67108864},
-        "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}},
         "networks": ["lab"],
         "restart": "unless-stopped",
     }
+    if gpu_count > 0:
+        # Every GPU, with memlock and stack as NVIDIA recommends for its framework containers.
+        triton["ulimits"] = {"memlock": -1, "stack": 67108864}
+        triton["deploy"] = {
+            "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
+        }
     api = {
         "image": image_tags["api"],
         # The login user's uid/gid (.env, written by the role): bench results and the
@@ -178,3 +218,33 @@ def write_compose(path: Path, definition: dict) -> Path:
     header = "# Written by `fab deploy` (provision/containers.py): edit that, not this file.\n"
     path.write_text(header + yaml.safe_dump(definition, sort_keys=False, width=120))
     return path
+
+
+def stage_for_host(settings: dict, context: Path, destination: Path, gpu_capabilities: list[str], bind_address: str) -> dict:
+    """One host's compose.yaml in destination/, for its GPUs (the preflight's answer); returns its images."""
+    found = images(settings, context, gpu_capabilities)
+    tags = {name: image["tag"] for name, image in found.items()}
+    destination.mkdir(parents=True, exist_ok=True)
+    write_compose(destination / "compose.yaml", compose_definition(settings, tags, bind_address, len(gpu_capabilities)))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run by the triton_docker role on the controller, once the preflight has read the host's GPUs."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    stage = commands.add_parser("stage", help="write DEST/compose.yaml for one host; print its images as JSON")
+    stage.add_argument("destination", type=Path)
+    stage.add_argument("--context", type=Path, required=True, help="the staged build context")
+    stage.add_argument("--gpu-capabilities", default="", help='the host\'s GPUs, e.g. "6.0,6.0"; empty: no GPU')
+    stage.add_argument("--settings-json", required=True, help='{"docker": lab.docker, "ports": lab.ports}')
+    stage.add_argument("--bind-address", required=True)
+    args = parser.parse_args(argv)
+    capabilities = [c for c in args.gpu_capabilities.split(",") if c.strip()]
+    found = stage_for_host(json.loads(args.settings_json), args.context, args.destination, capabilities, args.bind_address)
+    print(json.dumps(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

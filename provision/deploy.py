@@ -87,19 +87,10 @@ def stage_bundle(settings: dict, state: state_module.State) -> dict:
         blip_on_host = blip
     staged = {"smoke_weights": is_smoke(food11) or is_smoke(blip), "blip_on_host": blip_on_host}
     if state.runtime == "docker":
-        staged |= stage_containers(settings, bundle, settings["bind_address"])
+        # The images' build context; each host's compose.yaml and build arguments
+        # follow from its GPUs, so the role writes them after the preflight.
+        containers.stage_build_context(settings, bundle / "build")
     return staged
-
-
-def stage_containers(settings: dict, bundle: Path, bind: str) -> dict:
-    """The docker runtime's part of the bundle: build context and compose.yaml."""
-    context = bundle / "build"
-    containers.stage_build_context(settings, context)
-    images = containers.images(settings, context)
-    definition = containers.compose_definition(settings, {name: image["tag"] for name, image in images.items()}, bind)
-    containers.write_compose(bundle / "compose.yaml", definition)
-    return {"images": images}
-
 
 
 def deploy_dir(settings: dict, state: state_module.State) -> str:
@@ -141,7 +132,6 @@ def deploy(
     variables = extravars(settings, state) | {
         "lab_smoke_weights": staged["smoke_weights"],
         "lab_blip_source_on_host": staged["blip_on_host"],
-        "lab_images": staged.get("images", {}),
     }
     if check:
         return run_playbook("deploy.yml", variables, say, check=True)

@@ -30,6 +30,8 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
+from provision.torch_arches import runs_on as torch_runs_on
+
 # The query the role runs (the order of the fields is what parse() reads).
 QUERY_FIELDS = ("index", "name", "uuid", "compute_cap", "driver_version", "memory.total")
 QUERY_ARGS = (f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader")
@@ -99,16 +101,6 @@ def triton_min_capability(triton_image: str) -> tuple[int, int]:
     if match is None:  # an image of the user's own: trust it as far as Triton goes
         return TRITON_MIN_CAPABILITY_BEFORE_2503
     return TRITON_MIN_CAPABILITY_FROM_2503 if (int(match[1]), int(match[2])) >= (25, 3) else TRITON_MIN_CAPABILITY_BEFORE_2503
-
-
-def torch_runs_on(capability: tuple[int, int], torch_arches: list[str]) -> bool:
-    """A CUDA binary for sm_XY runs on X.Z for Z >= Y (same major): is there one for this GPU?"""
-    major, minor = capability
-    for arch in torch_arches:
-        match = re.fullmatch(r"sm_(\d+?)(\d)", arch.strip())
-        if match and int(match[1]) == major and int(match[2]) <= minor:
-            return True
-    return False
 
 
 def _fmt(capability: tuple[int, int]) -> str:

@@ -20,6 +20,10 @@ from provision.config import PROJECT_ROOT, defaults
 
 SETTINGS = defaults()
 PORTS = SETTINGS["ports"]
+# The compute capabilities gpu_preflight reads on a node (provision/gpu_preflight.py).
+P100_NODE = ["6.0", "6.0"]  # Chameleon's gpu_p100: 2 x P100
+A100_NODE = ["8.0"] * 4
+CPU_HOST: list[str] = []
 
 
 @pytest.fixture
@@ -29,9 +33,10 @@ def staged(tmp_path) -> Path:
     return tmp_path
 
 
-def definition(staged: Path, bind_address: str = "127.0.0.1") -> dict:
-    images = containers.images(SETTINGS, staged / "build")
-    return containers.compose_definition(SETTINGS, {name: image["tag"] for name, image in images.items()}, bind_address)
+def definition(staged: Path, bind_address: str = "127.0.0.1", gpus: list[str] = P100_NODE) -> dict:
+    images = containers.images(SETTINGS, staged / "build", gpus)
+    tags = {name: image["tag"] for name, image in images.items()}
+    return containers.compose_definition(SETTINGS, tags, bind_address, len(gpus))
 
 
 def resolved_by_compose(staged: Path, compose: dict) -> dict:
@@ -71,6 +76,15 @@ def test_triton_gets_every_gpu_enough_shared_memory_and_a_restart_policy(staged)
     assert f"--metrics-port={PORTS['triton_metrics']}" in triton["command"]
 
 
+def test_a_host_without_gpus_gets_no_device_request_and_no_memlock_limit(staged):
+    # An engine without the NVIDIA runtime refuses the device request ("could not select device
+    # driver nvidia"), and one that may not raise the hard memlock limit refuses the container.
+    triton = definition(staged, gpus=CPU_HOST)["services"]["triton"]
+    assert "deploy" not in triton and "ulimits" not in triton
+    assert triton["shm_size"] == "4g" and triton["restart"] == "unless-stopped"
+    resolved_by_compose(staged, definition(staged, gpus=CPU_HOST))
+
+
 def test_both_containers_share_a_user_defined_network_and_the_api_finds_triton_by_name(staged):
     compose = definition(staged)
     assert compose["networks"]["lab"] == {"name": "triton-lab", "driver": "bridge"}
@@ -92,8 +106,8 @@ def test_every_port_is_bound_to_127_0_0_1_unless_published(staged):
 
 def test_the_ports_come_from_the_one_place_that_knows_them(staged):
     settings = {**SETTINGS, "ports": {name: port + 1000 for name, port in PORTS.items()}}
-    images = containers.images(settings, staged / "build")
-    compose = containers.compose_definition(settings, {n: i["tag"] for n, i in images.items()}, "127.0.0.1")
+    images = containers.images(settings, staged / "build", P100_NODE)
+    compose = containers.compose_definition(settings, {n: i["tag"] for n, i in images.items()}, "127.0.0.1", 2)
     triton, api = compose["services"]["triton"], compose["services"]["api"]
     assert "127.0.0.1:9000:9000" in triton["ports"] and "--http-port=9000" in triton["command"]
     assert api["environment"]["TRITON_URL"] == "triton:9000"
@@ -101,24 +115,66 @@ def test_the_ports_come_from_the_one_place_that_knows_them(staged):
 
 
 def test_image_tags_change_exactly_when_an_images_inputs_change(staged):
-    before = containers.images(SETTINGS, staged / "build")
-    assert containers.images(SETTINGS, staged / "build") == before, "same inputs, same tags: nothing to rebuild"
+    def tags(settings=SETTINGS, gpus=P100_NODE):
+        return {name: image["tag"] for name, image in containers.images(settings, staged / "build", gpus).items()}
+
+    before = tags()
+    assert tags() == before, "same inputs, same tags: nothing to rebuild"
     requirements = staged / "build" / "model_repository" / "requirements.txt"
     requirements.write_text(requirements.read_text() + "\n# changed\n")
-    after = containers.images(SETTINGS, staged / "build")
-    assert after["triton"]["tag"] != before["triton"]["tag"] and after["api"]["tag"] == before["api"]["tag"]
+    after = tags()
+    assert after["triton"] != before["triton"] and after["api"] == before["api"]
     (staged / "build" / "client_scripts" / "api.py").write_text("# changed\n")
-    assert containers.images(SETTINGS, staged / "build")["api"]["tag"] != before["api"]["tag"]
+    assert tags()["api"] != before["api"]
     other_base = {**SETTINGS, "docker": {**SETTINGS["docker"], "triton_image": "nvcr.io/nvidia/tritonserver:24.09-py3"}}
-    assert containers.images(other_base, staged / "build")["triton"]["tag"] != after["triton"]["tag"]
+    assert tags(other_base)["triton"] != after["triton"]
+    # Other GPUs, other build arguments: an image built for a P100 is not reused on an A100 or a CPU host.
+    assert len({tags(gpus=gpus)["triton"] for gpus in (P100_NODE, A100_NODE, CPU_HOST)}) == 3
+    assert tags(gpus=["6.0"]) == tags(gpus=P100_NODE), "the same kind of GPU, the same image"
 
 
-def test_the_triton_build_command_passes_the_pinned_base_image_and_torch(staged):
-    command = containers.images(SETTINGS, staged / "build")["triton"]["build_command"]
-    assert command[:4] == ["docker", "build", "--file", "Dockerfile.triton"] and command[-1] == "."
-    assert "--build-arg=TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3" in command
-    assert "--build-arg=CONSTRAINTS=constraints/p100.txt" in command
-    assert "--build-arg=TORCH_INDEX=https://download.pytorch.org/whl/cu126" in command
+def declared_args(dockerfile: str) -> set[str]:
+    """The names of the ARGs a Dockerfile declares."""
+    text = (PROJECT_ROOT / dockerfile).read_text()
+    return set(re.findall(r"^ARG (\w+)", text, flags=re.MULTILINE))
+
+
+def build_command_args(command: list[str]) -> dict[str, str]:
+    return dict(flag.removeprefix("--build-arg=").split("=", 1) for flag in command if flag.startswith("--build-arg="))
+
+
+@pytest.mark.parametrize(
+    ("host", "gpus", "expected"),
+    [
+        (
+            "P100 node",
+            P100_NODE,
+            {"CONSTRAINTS": "constraints/p100.txt", "TORCH_INDEX": "https://download.pytorch.org/whl/cu126",
+             "REQUIRED_TORCH_ARCH": "sm_60"},
+        ),
+        (
+            "A100 node",
+            A100_NODE,
+            {"CONSTRAINTS": "constraints/p100.txt", "TORCH_INDEX": "https://download.pytorch.org/whl/cu126",
+             "REQUIRED_TORCH_ARCH": "sm_80"},
+        ),
+        ("CPU host", CPU_HOST, {"CONSTRAINTS": "constraints/local.txt", "TORCH_INDEX": "", "REQUIRED_TORCH_ARCH": ""}),
+    ],
+)  # fmt: skip
+def test_the_build_commands_pass_every_argument_each_dockerfile_declares(staged, host, gpus, expected):
+    images = containers.images(SETTINGS, staged / "build", gpus)
+    for name, image in images.items():
+        command = image["build_command"]
+        assert command[:4] == ["docker", "build", "--file", f"Dockerfile.{name}"] and command[-1] == "."
+        passed = build_command_args(command)
+        assert set(passed) == declared_args(f"Dockerfile.{name}"), f"{host}: {name} build arguments"
+    triton = build_command_args(images["triton"]["build_command"])
+    assert triton == {"TRITON_IMAGE": "nvcr.io/nvidia/tritonserver:24.10-py3", **expected}
+    assert build_command_args(images["api"]["build_command"]) == {"PYTHON_IMAGE": "python:3.11-slim-bookworm"}
+
+
+def test_a_mixed_node_needs_the_kernels_of_each_of_its_gpus():
+    assert containers.required_torch_arches(["7.0", "6.0", "7.0"]) == "sm_60 sm_70"
 
 
 def _copy_sources(dockerfile: Path, build_args: dict) -> list[str]:
@@ -130,9 +186,10 @@ def _copy_sources(dockerfile: Path, build_args: dict) -> list[str]:
     return sources
 
 
+@pytest.mark.parametrize("gpus", [P100_NODE, CPU_HOST])
 @pytest.mark.parametrize("image", ["triton", "api"])
-def test_the_build_context_holds_everything_the_dockerfile_copies(staged, image):
-    args = containers.build_args(SETTINGS)[image]
+def test_the_build_context_holds_everything_the_dockerfile_copies(staged, image, gpus):
+    args = containers.build_args(SETTINGS, gpus)[image]
     dockerfile = staged / "build" / f"Dockerfile.{image}"
     sources = _copy_sources(dockerfile, args)
     assert sources, "the Dockerfile copies something"
@@ -140,11 +197,13 @@ def test_the_build_context_holds_everything_the_dockerfile_copies(staged, image)
         assert (staged / "build" / source.rstrip("/")).exists(), f"{source} is not in the build context"
 
 
-def test_dockerfile_triton_pins_ngc_24_10_and_checks_the_torch_build():
+def test_dockerfile_triton_pins_ngc_24_10_and_checks_the_wheel_not_the_build_machines_gpu():
     text = (PROJECT_ROOT / "Dockerfile.triton").read_text()
     assert f"ARG TRITON_IMAGE={SETTINGS['docker']['triton_image']}" in text
     assert f"ARG CONSTRAINTS={SETTINGS['docker']['constraints']}" in text
-    assert "ARG REQUIRED_TORCH_ARCH=sm_60" in text and "torch.cuda.get_arch_list()" in text
+    assert "ARG REQUIRED_TORCH_ARCH=sm_60" in text
+    assert 'torch_arches.py build --require "${REQUIRED_TORCH_ARCH}"' in text
+    assert "torch.cuda.get_arch_list()" not in text.split("RUN", 1)[1], "it answers [] without a GPU in torch 2.7"
     assert "HEALTHCHECK" in text and "/v2/health/ready" in text
     assert "model_repository/requirements.txt" in text, "the one list of serving requirements"
 

@@ -108,9 +108,17 @@ def test_deploy_in_check_mode_walks_every_role_on_a_p100_host_and_changes_nothin
     assert single.count("kind: KIND_GPU") == 1 and "gpus: [ 0 ]" in single
     assert '"/weights/food11.pth"' in single
 
-    # The compose file staged for the host binds every port to 127.0.0.1.
-    compose = (lab.state_file.parent / "bundle" / "compose.yaml").read_text()
+    # The compose file staged for the host binds every port to 127.0.0.1 and asks for its GPUs,
+    # and the Triton image is built for them: the build checks the wheel for sm_60.
+    compose = (lab.state_file.parent / "bundle" / "containers-127.0.0.1" / "compose.yaml").read_text()
     assert "0.0.0.0" not in compose and compose.count("127.0.0.1:") == 5
+    assert "driver: nvidia" in compose
+    from provision import containers
+    from provision.config import defaults
+
+    for_p100s = containers.images(defaults(), lab.state_file.parent / "bundle" / "build", ["6.0", "6.0"])["triton"]
+    assert f"image: {for_p100s['tag']}" in compose
+    assert "--build-arg=REQUIRED_TORCH_ARCH=sm_60" in for_p100s["build_command"]
 
 
 @pytest.mark.parametrize(
