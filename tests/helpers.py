@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
@@ -35,3 +37,18 @@ def model_counts(client, model: str) -> tuple[int, int]:
     """(inference_count, execution_count) of a model: batching makes the first larger."""
     stats = client.get_inference_statistics(model)["model_stats"][0]
     return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def counts_since(client, model: str, before: tuple[int, int], inferences: int, timeout: float = 10.0) -> tuple[int, int]:
+    """(inferences, executions) since `before`, once `inferences` have been counted.
+
+    Triton records a batch's statistics after it has sent the responses, so a
+    client holding every answer can still read the counts of the batch before
+    the last; waiting for the expected count (or the timeout) reads them settled.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        since = tuple(after - prior for after, prior in zip(model_counts(client, model), before))
+        if since[0] >= inferences or time.monotonic() > deadline:
+            return since
+        time.sleep(0.05)
