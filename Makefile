@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (Python 3.10+ and make):
 #   make demo   set everything up, run the main job on the local target
-#   make test   set everything up, run all tests
+#   make test   set everything up, run all tests (the docker runtime's included)
+# And: make test-docker   only the docker runtime's end-to-end test
 # Everything lands in .venv (the project's environment) and .runtime (Triton, weights, logs).
 
 PYTHON ?= python3
@@ -10,13 +11,24 @@ RUNTIME := .runtime
 # This machine's disk holds the torch build pinned in constraints/local.txt.
 CONSTRAINTS ?= constraints/local.txt
 
-.PHONY: demo test setup venv runtime weights system-deps trained-model lint clean
+.PHONY: demo test test-docker setup venv runtime weights system-deps trained-model docker-bases lint clean
 
 demo: setup
 	$(BIN)/python -m provision.demo
 
-test: setup system-deps trained-model
+test: setup system-deps trained-model docker-bases
 	$(BIN)/python -m pytest
+
+test-docker: setup system-deps docker-bases
+	$(BIN)/python -m pytest tests/test_docker_deploy.py
+
+# The docker runtime's tests: Debian's docker.io, a dockerd of the tests' own
+# (.runtime/docker: its own data root, socket and pidfile) and local stand-ins
+# for the two base images, since no registry can be reached (tests/docker_engine.py).
+docker-bases: setup
+	$(BIN)/python tests/docker_engine.py install
+	$(BIN)/python tests/docker_engine.py start
+	$(BIN)/python tests/docker_engine.py bases
 
 # What the tests need from the system: sshd (the ssh-target tests start their own
 # on 127.0.0.1), sudo (Ansible's become on that host) and Debian's docker-compose
@@ -70,4 +82,5 @@ lint: venv
 
 clean:
 	-$(BIN)/python -m provision.local_triton stop
+	-$(BIN)/python tests/docker_engine.py stop
 	rm -rf $(RUNTIME)

@@ -81,7 +81,10 @@ class _Progress:
             self.say(f"  {status:<9}{host:<14}{task} ({label})")
         elif kind == "runner_on_ok":
             if task.startswith(REPORT_TASK_PREFIX):
-                self.reports.setdefault(host, {})[task[len(REPORT_TASK_PREFIX) :]] = result.get("msg")
+                message = result.get("msg")
+                self.reports.setdefault(host, {})[task[len(REPORT_TASK_PREFIX) :]] = message
+                if isinstance(message, str):  # a sentence for the user (a dict is data for the caller)
+                    self.say(f"  {'note':<9}{host:<14}{message}")
             elif "results" not in result:  # loops were shown item by item
                 self.say(f"  {'changed' if result.get('changed') else 'ok':<9}{host:<14}{task}")
         elif kind == "runner_on_skipped":

@@ -19,6 +19,7 @@ from provision import config, sample_images
 from provision import state as state_module
 from provision.ansible import run_playbook
 from provision.background import reachable_address
+from provision.deploy import docker_environment
 from provision.model_repo import model_names
 from provision.perf import PerfRun
 from provision.report import write_report
@@ -108,6 +109,7 @@ def bench(
         "bench.yml",
         {
             "lab_run_id": run_id,
+            "lab_docker_environment": docker_environment(settings),
             "lab_runtime": state.runtime,
             "lab_hosts": state.deploy["hosts"],
             "lab_bind_address": bind,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -30,11 +31,18 @@ SERVICES = {"triton": "triton", "api": "api", "jupyter": "api"}  # fab's service
 
 
 def compose(home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """`docker compose` on the deployment, with the engine the deploy used (runtime.json's docker_host)."""
+    env = dict(os.environ)
+    runtime_json = home / "runtime.json"
+    docker_host = json.loads(runtime_json.read_text()).get("docker_host") if runtime_json.exists() else ""
+    if docker_host:
+        env["DOCKER_HOST"] = docker_host
     return subprocess.run(
         ["docker", "compose", "--file", str(home / "compose.yaml"), *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
+        env=env,
     )
 
 

@@ -12,7 +12,9 @@ The second part depends on the host's GPUs, so the role playbooks/roles/triton_d
 writes it once gpu_preflight has read them (`python -m provision.containers stage`,
 run on the controller), with the images' build arguments for those GPUs (the
 torch architectures they need, or a CPU build). It then copies both to the
-host, builds the images that are missing and runs `docker compose up`. Paths in compose.yaml
+host, builds the images that are missing (provision/image_build.py on the host:
+a wheelhouse made by pip in the image's base with the host's pip settings, then
+`docker build`) and runs `docker compose up`. Paths in compose.yaml
 are relative to the deploy folder on the host (Compose resolves them against
 the file's folder), so the file does not depend on where the host keeps it.
 
@@ -46,6 +48,10 @@ TOKEN_SECRET = "jupyter_token"
 # (the Dockerfiles COPY them by these paths; the constraints files come from the settings).
 TRITON_CONTEXT = ("Dockerfile.triton", "model_repository/requirements.txt", "provision/torch_arches.py")
 API_CONTEXT = ("Dockerfile.api", "client_scripts")
+# What pip downloads into each image's wheelhouse (context/wheels/NAME, which the
+# Dockerfile mounts for its one `pip install --no-index`).
+API_REQUIREMENTS = "client_scripts/requirements-container.txt"
+TRITON_REQUIREMENTS = "model_repository/requirements.txt"
 
 
 def _docker(settings: dict) -> dict:
@@ -91,11 +97,10 @@ def build_args(settings: dict, gpu_capabilities: list[str]) -> dict[str, dict[st
     checks it), so no Dockerfile default silently decides for a host.
     """
     docker = _docker(settings)
-    constraints, torch_index = torch_pins(settings, gpu_capabilities)
+    constraints, _ = torch_pins(settings, gpu_capabilities)
     return {
         "triton": {
             "TRITON_IMAGE": docker["triton_image"],
-            "TORCH_INDEX": torch_index,
             "CONSTRAINTS": constraints,
             "REQUIRED_TORCH_ARCH": required_torch_arches(gpu_capabilities),
         },
@@ -115,21 +120,40 @@ def _hash(root: Path, relatives: list[str], args: dict[str, str]) -> str:
     return digest.hexdigest()[:12]
 
 
+def wheelhouse_downloads(settings: dict, gpu_capabilities: list[str]) -> dict[str, list[str]]:
+    """The `pip download` arguments of each image's wheelhouse (paths relative to the build context)."""
+    constraints, torch_index = torch_pins(settings, gpu_capabilities)
+    triton = ["-r", TRITON_REQUIREMENTS, "-c", constraints]
+    if torch_index:
+        triton += ["--extra-index-url", torch_index]
+    return {"triton": triton, "api": ["-r", API_REQUIREMENTS]}
+
+
 def images(settings: dict, context: Path, gpu_capabilities: list[str]) -> dict[str, dict]:
-    """{"triton": {"tag", "dockerfile", "build_command"}, "api": {...}} for a staged build context and a host's GPUs."""
+    """Each image for a staged build context and a host's GPUs, as provision/image_build.py builds it.
+
+    {"triton": {"name", "tag", "base", "dockerfile", "wheelhouse", "pip_download", "build_command"}, "api": {...}}
+    """
     docker = _docker(settings)
     args = build_args(settings, gpu_capabilities)
+    downloads = wheelhouse_downloads(settings, gpu_capabilities)
+    bases = {"triton": docker["triton_image"], "api": docker["python_image"]}
     inputs = {
         "triton": [*TRITON_CONTEXT, torch_pins(settings, gpu_capabilities)[0]],
         "api": list(API_CONTEXT),
     }
     found = {}
     for name in ("triton", "api"):
-        tag = f"{docker['project']}/{name}:{_hash(context, inputs[name], args[name])}"
+        # The wheelhouse's inputs are part of the tag: another torch index is another image.
+        tag = f"{docker['project']}/{name}:{_hash(context, inputs[name], args[name] | {'pip': ' '.join(downloads[name])})}"
         arg_flags = [f"--build-arg={key}={value}" for key, value in args[name].items()]
         found[name] = {
+            "name": name,
             "tag": tag,
+            "base": bases[name],
             "dockerfile": f"Dockerfile.{name}",
+            "wheelhouse": f"wheels/{name}",
+            "pip_download": downloads[name],
             # Run in the build context folder on the host.
             "build_command": ["docker", "build", "--file", f"Dockerfile.{name}", "--tag", tag, *arg_flags, "."],
         }

@@ -28,6 +28,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # What the host's copy of the provision package needs: the process runtime and its modules.
 HOST_MODULES = (
     "__init__.py", "background.py", "local_triton.py", "process_runtime.py", "container_runtime.py", "host_facts.py",
+    "image_build.py",
 )  # fmt: skip
 BLIP_ON_HOST = "weights/blip"
 
@@ -100,6 +101,12 @@ def deploy_dir(settings: dict, state: state_module.State) -> str:
     return settings["remote_deploy_dir"]
 
 
+def docker_environment(settings: dict) -> dict:
+    """The environment of every docker command on the hosts: which engine they talk to."""
+    engine_host = settings["docker"].get("engine_host") or ""
+    return {"DOCKER_HOST": engine_host} if engine_host else {}
+
+
 def extravars(settings: dict, state: state_module.State) -> dict:
     """Everything the playbooks need, from the settings and the state (never a secret)."""
     home = deploy_dir(settings, state)
@@ -118,6 +125,7 @@ def extravars(settings: dict, state: state_module.State) -> dict:
         "lab_model_settings": dict(settings["models"]),
         "lab_pip_extra_args": serving_pins(settings, state)[1],
         "lab_docker": dict(settings["docker"]),
+        "lab_docker_environment": docker_environment(settings),
     }
 
 

@@ -4,8 +4,10 @@ Decided from one read-only `nvidia-smi` query, before anything is installed or
 built, so that a wrong node type or a broken driver costs seconds, not the
 20 minutes of a Triton image build:
 
-- the driver must be present and answer (`nvidia-smi` found, exit 0);
-- there must be at least one GPU;
+- a host with no NVIDIA GPU on its PCI bus gets CPU images (the models run as
+  CPU instances, as in the process runtime): nothing to check;
+- on a host with NVIDIA GPUs the driver must be present and answer
+  (`nvidia-smi` found, exit 0) and list them;
 - every GPU's compute capability must be supported by the Triton image
   (NGC 25.03 and later need >= 7.5; 24.10, our pin, runs on 6.0) and have
   kernels in the torch build (torch's CUDA 12.8 wheels dropped sm_60, which is
@@ -17,7 +19,7 @@ The role playbooks/roles/gpu_preflight runs the query on the host and this
 module on the controller:
 
     python -m provision.gpu_preflight --rc 0 --stdout "$(nvidia-smi --query-gpu=... )" \\
-        --triton-image nvcr.io/nvidia/tritonserver:24.10-py3 --torch-arches sm_50,sm_60,...
+        --nvidia-pci-devices 2 --triton-image nvcr.io/nvidia/tritonserver:24.10-py3 --torch-arches sm_50,sm_60,...
 
 It prints one JSON object: {"ok": bool, "message": str, "gpus": [...], "gpu_count": N}.
 """
@@ -107,28 +109,38 @@ def _fmt(capability: tuple[int, int]) -> str:
     return f"{capability[0]}.{capability[1]}"
 
 
+CPU_IMAGES = "no GPU: CPU images"
+
+
 def decide(
     rc: int,
     stdout: str,
     stderr: str,
     triton_image: str,
     torch_arches: list[str],
+    nvidia_pci_devices: int = 1,
 ) -> Verdict:
-    """The preflight's decision on one nvidia-smi answer (rc, stdout, stderr)."""
+    """The preflight's decision on one nvidia-smi answer (rc, stdout, stderr).
+
+    nvidia_pci_devices: the NVIDIA display controllers on the host's PCI bus. With
+    none, a missing driver or an empty GPU list means a CPU host, not a fault.
+    """
     output = f"{stdout}\n{stderr}".strip()
+    if nvidia_pci_devices == 0 and (rc == 127 or "No devices were found" in output):
+        where = "nvidia-smi not found" if rc == 127 else "nvidia-smi: No devices were found"
+        return Verdict(True, f"{CPU_IMAGES} (no NVIDIA GPU on the PCI bus; {where}): the models run as CPU instances", [])
     if rc == 127:  # the role's shell: command -v nvidia-smi failed
         return Verdict(
             False,
-            "no NVIDIA driver on this host (nvidia-smi not found): use a CUDA image "
-            "(CC-Ubuntu24.04-CUDA on Chameleon) or install the driver; on a host without GPUs, "
-            "deploy with the process runtime (fab provision ... --runtime process)",
+            f"no NVIDIA driver on this host (nvidia-smi not found, {nvidia_pci_devices} NVIDIA GPU(s) on the PCI bus): "
+            "use a CUDA image (CC-Ubuntu24.04-CUDA on Chameleon) or install the driver",
             [],
         )
     if "No devices were found" in output:
         return Verdict(
             False,
-            "the NVIDIA driver sees no GPU on this host (nvidia-smi: No devices were found): "
-            "check the node type (gpu_p100 on Chameleon), or deploy with the process runtime (--runtime process)",
+            f"the NVIDIA driver sees no GPU on this host (nvidia-smi: No devices were found), but the PCI bus "
+            f"has {nvidia_pci_devices}: reload the driver or reboot; check the node type (gpu_p100 on Chameleon)",
             [],
         )
     if "is not a valid field" in output:
@@ -182,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rc", type=int, required=True, help="nvidia-smi's exit status")
     parser.add_argument("--stdout", default="", help="its standard output")
     parser.add_argument("--stderr", default="", help="its standard error (or Ansible's message)")
+    parser.add_argument("--nvidia-pci-devices", type=int, default=1, help="NVIDIA display controllers on the PCI bus")
     parser.add_argument("--triton-image", required=True)
     parser.add_argument("--torch-arches", required=True, help="comma-separated, e.g. sm_50,sm_60,sm_70")
     args = parser.parse_args(argv)
     try:
-        verdict = decide(args.rc, args.stdout, args.stderr, args.triton_image, args.torch_arches.split(","))
+        verdict = decide(
+            args.rc, args.stdout, args.stderr, args.triton_image, args.torch_arches.split(","), args.nvidia_pci_devices
+        )
     except PreflightError as error:
         verdict = Verdict(False, f"cannot read nvidia-smi's answer: {error}", [])
     print(json.dumps(verdict.to_json()))

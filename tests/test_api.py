@@ -470,10 +470,10 @@ def test_make_perf_input_writes_one_base64_entry_per_image(tmp_path):
 DOCKERFILE = config.PROJECT_ROOT / "Dockerfile.api"
 
 
-def test_the_container_refuses_to_start_without_a_triton_address_or_a_jupyter_token(tmp_path):
+def test_the_container_refuses_to_start_without_a_triton_address_or_a_jupyter_token():
     text = DOCKERFILE.read_text()
-    script = tmp_path / "entrypoint.sh"
-    script.write_text(text.split("<<'EOF' /app/entrypoint.sh\n", 1)[1].split("\nEOF\n", 1)[0] + "\n")
+    script = config.PROJECT_ROOT / "client_scripts" / "entrypoint.sh"
+    assert f'ENTRYPOINT ["/bin/sh", "/app/client_scripts/{script.name}"]' in text
     bare = {"PATH": os.environ["PATH"]}
     no_triton = subprocess.run(["sh", str(script)], env={**bare, "JUPYTER_TOKEN": "t"}, capture_output=True, text=True)
     assert no_triton.returncode == 2 and "TRITON_URL" in no_triton.stderr
@@ -482,4 +482,5 @@ def test_the_container_refuses_to_start_without_a_triton_address_or_a_jupyter_to
     )
     assert no_token.returncode == 2 and "JUPYTER_TOKEN" in no_token.stderr
     assert "ENV JUPYTER_TOKEN" not in text and "ARG JUPYTER_TOKEN" not in text, "the token is never baked in"
-    assert "tritonclient[all]==2.51.0" in text and "USER 10001" in text
+    container_requirements = (config.PROJECT_ROOT / "client_scripts" / "requirements-container.txt").read_text()
+    assert "tritonclient[all]==2.51.0" in container_requirements and "USER 10001" in text

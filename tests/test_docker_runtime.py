@@ -33,6 +33,17 @@ def stand_in_nvidia_smi(folder: Path, case: str) -> Path:
     return script
 
 
+def stand_in_pci_bus(folder: Path, nvidia_gpus: int) -> Path:
+    """A /sys/bus/pci/devices with a network card and `nvidia_gpus` NVIDIA display controllers."""
+    devices = {"0000:00:03.0": ("0x8086", "0x020000")}
+    devices |= {f"0000:{0x81 + n:02x}:00.0": ("0x10de", "0x030200") for n in range(nvidia_gpus)}
+    for address, (vendor, device_class) in devices.items():
+        (folder / "pci" / address).mkdir(parents=True)
+        (folder / "pci" / address / "vendor").write_text(vendor + "\n")
+        (folder / "pci" / address / "class").write_text(device_class + "\n")
+    return folder / "pci"
+
+
 class _AptServers(http.server.BaseHTTPRequestHandler):
     """Docker's and NVIDIA's download servers (unreachable from here): apt keys at their paths."""
 
@@ -73,6 +84,7 @@ def test_deploy_in_check_mode_walks_every_role_on_a_p100_host_and_changes_nothin
     provision_docker_host(lab, sshd)
     assert lab.state()["runtime"] == "docker"
     lab.extra_env["FABRIC_LAB_DOCKER_NVIDIA_SMI"] = str(stand_in_nvidia_smi(tmp_path, "p100"))
+    lab.extra_env["FABRIC_LAB_DOCKER_PCI_DEVICES_DIR"] = str(stand_in_pci_bus(tmp_path, nvidia_gpus=2))
     apt_lists_before = {path: path.exists() for path in APT_LISTS}
 
     dry = lab.fab("deploy", "--check")
@@ -125,8 +137,11 @@ def test_deploy_in_check_mode_walks_every_role_on_a_p100_host_and_changes_nothin
     ("case", "message"),
     [("none", "the NVIDIA driver sees no GPU"), ("driver_missing", "no NVIDIA driver on this host")],
 )
-def test_the_gpu_preflight_stops_before_anything_is_installed(lab, sshd, tmp_path, case, message):
+def test_the_gpu_preflight_stops_a_gpu_host_with_a_broken_driver_before_anything_is_installed(
+    lab, sshd, tmp_path, case, message
+):
     provision_docker_host(lab, sshd)
+    lab.extra_env["FABRIC_LAB_DOCKER_PCI_DEVICES_DIR"] = str(stand_in_pci_bus(tmp_path, nvidia_gpus=2))
     lab.extra_env["FABRIC_LAB_DOCKER_NVIDIA_SMI"] = (
         str(stand_in_nvidia_smi(tmp_path, case)) if case != "driver_missing" else str(tmp_path / "no-nvidia-smi")
     )
@@ -137,11 +152,23 @@ def test_the_gpu_preflight_stops_before_anything_is_installed(lab, sshd, tmp_pat
     assert "Add Docker's apt key" not in failed.stdout, "nothing after the preflight runs"
 
 
-def test_the_local_target_refuses_the_docker_runtime_and_says_why(lab):
-    refused = lab.fab("provision", "--target", "local", "--runtime", "docker", check=False)
-    assert refused.returncode != 0
-    assert "the local target runs the process runtime only" in refused.stderr
-    assert lab.state() is None
+def test_a_host_without_gpus_gets_cpu_images_and_no_nvidia_toolkit(lab, sshd, tmp_path, apt_servers):
+    provision_docker_host(lab, sshd)
+    lab.extra_env["FABRIC_LAB_DOCKER_PCI_DEVICES_DIR"] = str(stand_in_pci_bus(tmp_path, nvidia_gpus=0))
+    lab.extra_env["FABRIC_LAB_DOCKER_NVIDIA_SMI"] = str(tmp_path / "no-nvidia-smi")
+    dry = lab.fab("deploy", "--check")
+    assert "no GPU: CPU images" in dry.stdout
+    assert "NVIDIA container toolkit skipped: no GPU on this host" in dry.stdout
+    assert "Add NVIDIA's apt repository" not in dry.stdout
+    compose = (lab.state_file.parent / "bundle" / "containers-127.0.0.1" / "compose.yaml").read_text()
+    assert "driver: nvidia" not in compose and "memlock" not in compose
+
+
+def test_the_local_target_takes_the_docker_runtime(lab):
+    done = lab.fab("provision", "--target", "local", "--runtime", "docker")
+    assert "docker runtime" in done.stdout and lab.state()["runtime"] == "docker"
+    again = lab.fab("provision", "--target", "local", "--runtime", "docker")
+    assert "already provisioned: nothing to do" in again.stdout
 
 
 def test_an_unknown_runtime_is_refused(lab, sshd):
@@ -155,6 +182,7 @@ def test_an_unknown_runtime_is_refused(lab, sshd):
 def test_teardown_of_a_docker_host_that_never_deployed_verifies_and_forgets(lab, sshd, tmp_path):
     provision_docker_host(lab, sshd)
     lab.extra_env["FABRIC_LAB_DOCKER_NVIDIA_SMI"] = str(stand_in_nvidia_smi(tmp_path, "none"))
+    lab.extra_env["FABRIC_LAB_DOCKER_PCI_DEVICES_DIR"] = str(stand_in_pci_bus(tmp_path, nvidia_gpus=2))
     lab.fab("deploy", check=False)  # stops at the preflight: the state says "in-progress"
     assert lab.state()["deploy"]["status"] == "in-progress"
     done = lab.fab("teardown")

@@ -28,9 +28,10 @@ def recorded(case: str) -> dict:
     return json.loads((RECORDED / f"{case}.json").read_text())
 
 
-def decide(case: str, triton_image: str = PINNED_TRITON, torch_arches: list[str] = PINNED_TORCH_ARCHES):
+def decide(case: str, triton_image: str = PINNED_TRITON, torch_arches: list[str] = PINNED_TORCH_ARCHES, pci: int = 1):
+    """The verdict on a recorded answer, on a host with `pci` NVIDIA GPUs on its PCI bus."""
     answer = recorded(case)
-    return gpu_preflight.decide(answer["rc"], answer["stdout"], answer["stderr"], triton_image, torch_arches)
+    return gpu_preflight.decide(answer["rc"], answer["stdout"], answer["stderr"], triton_image, torch_arches, pci)
 
 
 @pytest.mark.parametrize(
@@ -52,14 +53,21 @@ def test_the_p100_answer_is_read_field_by_field():
     assert first.uuid.startswith("GPU-")
 
 
-def test_a_host_without_gpus_stops_and_points_to_the_process_runtime():
-    verdict = decide("none")
+@pytest.mark.parametrize("case", ["none", "driver_missing"])
+def test_a_host_without_nvidia_gpus_gets_cpu_images_in_one_line(case):
+    verdict = decide(case, pci=0)
+    assert verdict.ok and verdict.gpus == []
+    assert verdict.message.startswith("no GPU: CPU images") and "\n" not in verdict.message
+
+
+def test_gpus_on_the_pci_bus_that_the_driver_does_not_see_stop_the_deploy():
+    verdict = decide("none", pci=2)
     assert not verdict.ok
-    assert "sees no GPU" in verdict.message and "--runtime process" in verdict.message
+    assert "the NVIDIA driver sees no GPU" in verdict.message and "the PCI bus has 2" in verdict.message
 
 
-def test_a_host_without_a_driver_stops_and_names_the_cuda_image():
-    verdict = decide("driver_missing")
+def test_gpus_without_a_driver_stop_and_name_the_cuda_image():
+    verdict = decide("driver_missing", pci=2)
     assert not verdict.ok
     assert "no NVIDIA driver" in verdict.message and "CC-Ubuntu24.04-CUDA" in verdict.message
 

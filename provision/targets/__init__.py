@@ -32,7 +32,8 @@ def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
     """The serving runtime of a new provision: the flag, else the target's default.
 
     process: tritonserver and the API as processes from a virtualenv (no Docker, no GPU needed).
-    docker:  both in containers with the NVIDIA container toolkit (GPU hosts).
+    docker:  both in containers: on GPU hosts with the NVIDIA container toolkit,
+             on hosts without GPUs as CPU images (any target, `local` included).
     """
     if target == "chameleon":
         runtime = asked or (settings.get("chameleon") or {}).get("runtime") or "docker"
@@ -40,9 +41,4 @@ def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
         runtime = asked or settings.get("runtime") or "process"
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
-    if target == "local" and runtime == "docker":
-        raise ValueError(
-            "the local target runs the process runtime only (this machine has no GPU and no Docker): "
-            "use `--target ssh --runtime docker` for a GPU host of yours"
-        )
     return runtime

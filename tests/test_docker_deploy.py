@@ -1,0 +1,172 @@
+"""The docker runtime for real, on the local target: images built, containers serving, bench, teardown.
+
+A real dockerd of the tests' own and stand-ins for the two base images
+(tests/docker_engine.py: no registry can be reached; `make docker-bases`
+prepares both), selected by configuration only. The host has no GPU, so the
+deployment is the one every CPU host gets: CPU images, CPU model instances.
+
+provision --runtime docker -> deploy (all four roles, both images built) -> every model READY
+-> /classify through the API container -> Jupyter with and without its token -> status, logs
+-> bench --quick from inside the API container -> deploy again (no change, no restart)
+-> a changed model config restarts the Triton container only -> teardown: nothing of ours left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+import uuid
+
+import docker_engine
+import pytest
+from test_pipeline import changed_tasks
+
+from provision import sample_images
+from provision.background import port_is_free
+from provision.model_repo import model_names
+
+PROJECT = "triton-lab-test"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The tests' dockerd with the stand-in bases (built once; `make docker-bases` does it beforehand)."""
+    docker_engine.install()
+    docker_engine.start()
+    docker_engine.bases()
+    return docker_engine
+
+
+def docker(*args: str) -> str:
+    return docker_engine.docker(*args, capture_output=True).stdout.strip()
+
+
+def started_at(container: str) -> str:
+    return docker("inspect", "--format", "{{.State.StartedAt}}", container)
+
+
+def ours() -> dict[str, list[str]]:
+    """What of the test project is in the engine: containers, networks, images."""
+    label = f"label=com.docker.compose.project={PROJECT}"
+    return {
+        "containers": docker("ps", "--all", "--quiet", "--filter", label).split(),
+        "networks": docker("network", "ls", "--quiet", "--filter", f"name=^{PROJECT}$").split(),
+        "images": docker("images", "--quiet", f"{PROJECT}/*").split(),
+    }
+
+
+def post_image(url: str, image: bytes) -> dict:
+    boundary = uuid.uuid4().hex
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="photo.jpg"\r\n'
+            "Content-Type: image/jpeg\r\n\r\n"
+        ).encode()
+        + image
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab, tmp_path):
+    lab.extra_env.update(engine.settings() | {"FABRIC_LAB_DOCKER_PROJECT": PROJECT})
+    assert "DOCKER_HOST" not in lab.env(), "the engine is chosen by configuration, not by the caller's environment"
+    deploy_dir = tmp_path / "deploy-local"
+
+    lab.fab("provision", "--target", "local", "--runtime", "docker")
+    assert lab.state()["runtime"] == "docker"
+
+    first = lab.fab("deploy", timeout=2400).stdout
+    assert "no GPU: CPU images" in first, "the preflight says what the host gets"
+    assert "NVIDIA container toolkit skipped: no GPU on this host" in first
+    built = [line for line in changed_tasks(first) if line.startswith("Build the missing images")]
+    assert len(built) == 2, f"both images are built:\n{first}"
+    assert "Start the containers (recreates those whose definition or image changed)" in changed_tasks(first)
+    triton, api = f"{PROJECT}-triton-1", f"{PROJECT}-api-1"
+    assert docker("inspect", "--format", "{{.State.Health.Status}}", triton) == "healthy"
+
+    # The API container reaches Triton by its service name; the models run as CPU instances.
+    status = lab.fab("status").stdout
+    assert "tritonserver: READY" in status and "api: healthy" in status and f"(container {triton} running)" in status
+    for model in model_names():
+        assert f"{model}: READY" in status
+    api_url = f"http://127.0.0.1:{lab.ports['api']}"
+    answer = post_image(f"{api_url}/classify", sample_images.jpeg())
+    assert answer["label"] and 0 <= answer["probability"] <= 1
+    triton_url = f"http://127.0.0.1:{lab.ports['triton_http']}"
+    with urllib.request.urlopen(f"{triton_url}/v2/models/gpu_food_classifier/config", timeout=10) as response:
+        config = json.loads(response.read())
+    assert [group["kind"] for group in config["instance_group"]] == ["KIND_CPU"]
+    assert "cpu_fallback" in json.dumps(config.get("parameters", {})), "labelled as the process runtime labels it"
+
+    jupyter = re.search(r"jupyter: healthy \(container \S+ running\) (\S+)", status).group(1)
+    base, token = jupyter.split("/lab?token=")
+    assert http_status(f"{base}/api/status?token={token}") == 200 and http_status(f"{base}/api/status") == 403
+
+    assert "SMOKE WEIGHTS" in lab.fab("logs", "--service", "triton", "--lines", "2000").stdout
+    assert "Uvicorn running" in lab.fab("logs", "--service", "api", "--lines", "200").stdout
+
+    # perf_analyzer inside the API container, against the Triton container; results come back.
+    bench = lab.fab("bench", "--quick", timeout=1800).stdout
+    results = lab.results_dir / re.search(r"results: .*/([^/\s]+)\n", bench).group(1)
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["models"] and all(row["throughput"] > 0 for rows in summary["models"].values() for row in rows)
+    assert all(f"-u triton:{lab.ports['triton_http']}" in command for command in summary["commands"].values())
+    assert (results / "report.md").exists()
+
+    # Nothing changed: nothing reported, no image built, no container restarted.
+    before = {name: started_at(name) for name in (triton, api)}
+    second = lab.fab("deploy").stdout
+    assert "deploy complete: no changes" in second and changed_tasks(second) == []
+    assert {name: started_at(name) for name in (triton, api)} == before
+
+    # A changed model config restarts the Triton container only.
+    lab.extra_env["FABRIC_LAB_MODELS_MAX_PIXELS"] = "30000000"
+    third = lab.fab("deploy").stdout
+    assert "Copy the model repository" in changed_tasks(third) and "Restart the Triton container" in changed_tasks(
+        third
+    )
+    assert started_at(triton) != before[triton] and started_at(api) == before[api]
+    assert not [line for line in changed_tasks(third) if line.startswith("Build")], "a config change builds nothing"
+
+    assert ours()["images"], "the images deploy built are there until teardown"
+    torn_down = lab.fab("teardown").stdout
+    assert "teardown complete" in torn_down
+    assert ours() == {"containers": [], "networks": [], "images": []}, "teardown leaves nothing of ours in the engine"
+    assert not deploy_dir.exists() and lab.state() is None
+    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
+    assert docker("image", "inspect", "--format", "ok", engine.TRITON_STANDIN) == "ok", "the base images stay cached"
+    assert os.path.exists(results / "summary.json"), "teardown keeps the results"
+
+
+def test_a_failed_build_names_the_failing_step_and_its_log_and_teardown_cleans_up(engine, lab, tmp_path):
+    # A base image that is not there and cannot be pulled (no registry answers here).
+    missing = "triton-lab-standin/no-such-base:1"
+    lab.extra_env.update(
+        engine.settings() | {"FABRIC_LAB_DOCKER_PROJECT": PROJECT, "FABRIC_LAB_DOCKER_TRITON_IMAGE": missing}
+    )
+    lab.fab("provision", "--target", "local", "--runtime", "docker")
+    failed = lab.fab("deploy", check=False, timeout=1200)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert f"the wheels of {PROJECT}/triton:" in output and f"could not be downloaded (pip in {missing}" in output
+    assert re.search(r"full log: \S+/run/build-triton\.log", output), output
+    assert lab.state()["deploy"]["status"] == "in-progress", "teardown knows there is something to clean"
+    lab.fab("teardown")
+    assert ours() == {"containers": [], "networks": [], "images": []}
+    assert not (tmp_path / "deploy-local").exists()
