@@ -170,3 +170,14 @@ def test_a_failed_build_names_the_failing_step_and_its_log_and_teardown_cleans_u
     lab.fab("teardown")
     assert ours() == {"containers": [], "networks": [], "images": []}
     assert not (tmp_path / "deploy-local").exists()
+
+
+def test_an_engine_that_does_not_answer_is_named_before_anything_changes(lab, tmp_path):
+    socket = f"unix://{tmp_path}/no-engine.sock"
+    lab.extra_env["FABRIC_LAB_DOCKER_ENGINE_HOST"] = socket
+    lab.fab("provision", "--target", "local", "--runtime", "docker")
+    failed = lab.fab("deploy", check=False)
+    assert failed.returncode != 0
+    assert f"no Docker engine answers at {socket} (lab.docker.engine_host)" in failed.stdout + failed.stderr
+    assert "Add Docker's apt key" not in failed.stdout, "nothing is installed in its place"
+    assert not (tmp_path / "deploy-local").exists()
