@@ -8,6 +8,8 @@ pipeline's stages.
 
 from __future__ import annotations
 
+import signal
+
 from invoke import Exit, task
 
 from provision import inventory, targets
@@ -95,22 +97,45 @@ def provision(
         "site": site, "node_type": node_type, "image": image, "hours": hours, "count": count,
         "key_name": key_name, "public_key": public_key, "private_key": key,
     }  # fmt: skip
+    # SIGTERM (a closed terminal, a batch scheduler) ends a provision as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         new_state = module.provision(settings, options, current, state_module.save, print)
     except (ValueError, RuntimeError) as error:
         _forget_empty_chameleon_state()
         raise Exit(f"error: {error}") from None
+    except KeyboardInterrupt:
+        _forget_empty_chameleon_state()
+        recorded = state_module.load()
+        held = module.held(recorded) if recorded is not None and hasattr(module, "held") else "nothing reserved yet"
+        raise Exit(
+            f"interrupted: {held}. `fab provision --target {target}` continues where it stopped, "
+            "`fab teardown` releases what exists",
+            code=130,
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"inventory: {inventory.render(new_state)}")
     print("next: fab deploy")
 
 
 def _forget_empty_chameleon_state() -> None:
-    """A chameleon provision that failed before creating anything leaves only names: forget them."""
+    """A chameleon provision that failed before creating anything leaves only names: forget them.
+
+    A lease create that went out without a clear answer may have made one: its
+    name stays, so that `fab teardown` looks it up and releases it.
+    """
     recorded = state_module.load()
     if recorded is None or recorded.target != "chameleon":
         return
     info = recorded.chameleon
-    if not info.get("lease", {}).get("id") and not info.get("servers") and not info.get("floating_ips"):
+    lease = info.get("lease", {})
+    if (
+        not lease.get("id")
+        and not lease.get("create_sent")
+        and not info.get("servers")
+        and not info.get("floating_ips")
+    ):
         state_module.clear()
 
 

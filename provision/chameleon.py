@@ -43,6 +43,12 @@ and python-chi's quirks are handled here, once. python-chi 1.2.10 pitfalls met
 - The deprecated functional helpers (`chi.lease.wait_for_active`,
   `get_node_reservation`) raise in 1.2.x: not used.
 
+Transient faults (HTTP 500/502/503/504, a 409 on a delete, a dropped or timed
+out connection) are retried inside the command, with bounded exponential
+backoff and one progress line per retry, for the calls that are safe to repeat:
+reads, deletes and lease updates (`_call(..., repeat=...)`). Creates are never
+repeated blindly: the caller looks the resource up by name first.
+
 Credentials never leave the environment: nothing here writes them anywhere, and
 error messages name variables, never their values.
 """
@@ -65,7 +71,25 @@ DASHBOARDS = {
     "KVM@TACC": "https://kvm.tacc.chameleoncloud.org",
 }
 
-LEASE_TERMINAL = {"TERMINATED", "DELETED", "ERROR"}
+# Blazar's lease statuses (blazar/status.py), in one place. "DELETED" is not
+# one: python-chi sets it locally after its own delete call.
+LEASE_STATUSES = (
+    "PENDING",
+    "CREATING",
+    "STARTING",
+    "ACTIVE",
+    "UPDATING",
+    "TERMINATING",
+    "TERMINATED",
+    "DELETING",
+    "ERROR",
+)
+LEASE_ENDING = {"TERMINATING", "TERMINATED", "DELETING"}  # never adopted nor waited on
+LEASE_FAILED = "ERROR"
+
+# What a retry waits, unless lab.chameleon.retry says otherwise.
+DEFAULT_RETRY = {"attempts": 6, "first_delay_s": 2.0, "max_delay_s": 30.0}
+TRANSIENT_HTTP = {500, 502, 503, 504}
 
 
 class ChameleonError(RuntimeError):
@@ -196,10 +220,19 @@ def _elapsed(seconds: float) -> str:
 class ChameleonCloud:
     """One site of Chameleon, through python-chi, with the credentials of the environment."""
 
-    def __init__(self, site: str, poll_interval_s: float = 10, progress_every_s: float = 60):
+    def __init__(
+        self,
+        site: str,
+        poll_interval_s: float = 10,
+        progress_every_s: float = 60,
+        retry: Mapping | None = None,
+        progress: Progress = print,
+    ):
         self.site = site
         self.poll_interval_s = poll_interval_s
         self.progress_every_s = progress_every_s
+        self.retry = {**DEFAULT_RETRY, **(retry or {})}
+        self.progress = progress  # where retries are told
         self.credentials = check_credentials(os.environ, site)
         # Without logging configured, Python prints warnings through its
         # last-resort handler: keep python-chi's deprecation notices, the
@@ -225,11 +258,45 @@ class ChameleonCloud:
 
     # -- plumbing -------------------------------------------------------------
 
-    def _call(self, what: str, function, *args, **kwargs):
-        """Run one cloud call; turn client errors into ChameleonError with a readable message."""
+    @staticmethod
+    def _transient(error: BaseException, deleting: bool) -> str | None:
+        """Why `error` is worth a retry ("answered 503", "lost its connection"), or None."""
+        from keystoneauth1 import exceptions as ksa
+
+        code = _http_code(error)
+        if code in TRANSIENT_HTTP or (deleting and code == 409):
+            return f"answered {code}"
+        connection_errors = (ksa.ConnectionError, ksa.RetriableConnectionFailure, ConnectionError, TimeoutError)
+        if isinstance(error, connection_errors) or type(error).__name__ in ("ConnectionFailed", "ConnectionError"):
+            return "lost its connection"
+        return None
+
+    def _repeat(self, what: str, deleting: bool, function, *args, **kwargs):
+        """function(*args) again after a transient error; the last error is raised as it came."""
+        attempts = max(1, int(self.retry["attempts"]))
+        delay = float(self.retry["first_delay_s"])
+        for attempt in range(1, attempts + 1):
+            try:
+                return function(*args, **kwargs)
+            except Exception as error:
+                reason = self._transient(error, deleting)
+                if reason is None or attempt == attempts:
+                    raise
+                self.progress(f"chameleon: {what} {reason}, retrying in {delay:g} s ({attempt}/{attempts - 1})")
+                time.sleep(delay)
+                delay = min(delay * 2, float(self.retry["max_delay_s"]))
+
+    def _call(self, what: str, function, *args, repeat: str = "", **kwargs):
+        """Run one cloud call; turn client errors into ChameleonError with a readable message.
+
+        repeat: "read" or "delete" (a 409 is transient too) for calls that are safe to
+        repeat after a transient fault; "" (creates) runs the call once.
+        """
         from keystoneauth1 import exceptions as ksa
 
         try:
+            if repeat:
+                return self._repeat(what, repeat == "delete", function, *args, **kwargs)
             return function(*args, **kwargs)
         except ChameleonError:
             raise
@@ -320,7 +387,9 @@ class ChameleonCloud:
         return False
 
     def keypair_exists(self, name: str) -> bool:
-        return any(k.name == name for k in self._call("listing key pairs", self.chi.nova().keypairs.list))
+        return any(
+            k.name == name for k in self._call("listing key pairs", self.chi.nova().keypairs.list, repeat="read")
+        )
 
     # -- leases ---------------------------------------------------------------
 
@@ -335,14 +404,15 @@ class ChameleonCloud:
             "status": body["status"],
             "start": _utc(body["start_date"]).isoformat(),
             "end": _utc(body["end_date"]).isoformat(),
+            "status_reason": body.get("status_reason") or "",
             "node_reservation_id": node[0]["id"] if node else None,
             "fip_reservation_id": fip[0]["id"] if fip else None,
         }
 
     def find_lease(self, name: str) -> dict | None:
-        """Our live (not TERMINATED) lease called `name`, if any: finds a lease whose id was never saved."""
-        leases = self._call("listing leases", self.chi.blazar().lease.list)
-        live = [lease for lease in leases if lease["name"] == name and lease["status"] not in ("TERMINATED", "DELETED")]
+        """Our live (not ending) lease called `name`, if any: finds a lease whose id was never saved."""
+        leases = self._call("listing leases", self.chi.blazar().lease.list, repeat="read")
+        live = [lease for lease in leases if lease["name"] == name and lease["status"] not in LEASE_ENDING]
         if len(live) > 1:
             raise ChameleonError(
                 f"{len(live)} leases are called {name}: delete the extra ones in the web UI (Reservations > Leases)"
@@ -401,12 +471,14 @@ class ChameleonCloud:
     def next_free_slot(self, node_type: str, count: int, hours: float) -> datetime | None:
         """When `count` hosts of `node_type` are next free together for `hours`, per Blazar's allocations."""
         blazar = self.chi.blazar()
-        hosts = [h for h in self._call("listing hosts", blazar.host.list) if h.get("node_type") == node_type]
+        hosts = [
+            h for h in self._call("listing hosts", blazar.host.list, repeat="read") if h.get("node_type") == node_type
+        ]
         if len(hosts) < count:
             return None
         allocations = {
             a["resource_id"]: a["reservations"]
-            for a in self._call("listing allocations", blazar.allocation.list, "os-hosts")
+            for a in self._call("listing allocations", blazar.allocation.list, "os-hosts", repeat="read")
         }
         now = datetime.now(timezone.utc)
         length = timedelta(hours=hours)
@@ -429,7 +501,7 @@ class ChameleonCloud:
         from blazarclient.exception import BlazarClientException
 
         try:
-            body = self.chi.blazar().lease.get(lease_id)
+            body = self._repeat(f"reading lease {lease_id}", False, self.chi.blazar().lease.get, lease_id)
         except BlazarClientException as error:
             if _http_code(error) == 404:
                 return None
@@ -443,13 +515,16 @@ class ChameleonCloud:
 
         def fetch():
             lease = self.lease(lease_id)
-            return ("GONE", None) if lease is None else (lease["status"], lease)
+            if lease is None:
+                return "GONE", None
+            # On ERROR the details are Blazar's reason, which the failure message carries.
+            return lease["status"], (lease if lease["status"] != LEASE_FAILED else lease["status_reason"])
 
         return self._wait(
             f"lease {label or lease_id}",
             fetch,
             lambda s: s == "ACTIVE",
-            lambda s: s in LEASE_TERMINAL | {"GONE"},
+            lambda s: s in LEASE_ENDING | {LEASE_FAILED, "GONE"},
             timeout_s,
             progress,
         )
@@ -460,7 +535,9 @@ class ChameleonCloud:
 
         minutes = max(1, round(hours * 60))
         try:
-            body = self.chi.blazar().lease.update(lease_id, prolong_for=f"{minutes}m")
+            body = self._repeat(
+                "extending the lease", False, self.chi.blazar().lease.update, lease_id, prolong_for=f"{minutes}m"
+            )
         except BlazarClientException as error:
             message = str(error).removeprefix("ERROR: ")
             if _http_code(error) == 401:
@@ -479,7 +556,7 @@ class ChameleonCloud:
         from blazarclient.exception import BlazarClientException
 
         try:
-            self.chi.blazar().lease.delete(lease_id)
+            self._repeat(f"deleting lease {lease_id}", True, self.chi.blazar().lease.delete, lease_id)
         except BlazarClientException as error:
             if _http_code(error) != 404:
                 self._call(f"deleting lease {lease_id}", _raise, error)
@@ -491,7 +568,7 @@ class ChameleonCloud:
 
     def reserved_floating_ips(self, fip_reservation_id: str) -> list[dict]:
         """The floating IPs Blazar created for a floating-IP reservation (tagged reservation:<id>)."""
-        fips = self._call("listing floating IPs", self.chi.network.list_floating_ips)
+        fips = self._call("listing floating IPs", self.chi.network.list_floating_ips, repeat="read")
         tag = f"reservation:{fip_reservation_id}"
         return [{"id": f["id"], "address": f["floating_ip_address"]} for f in fips if tag in (f.get("tags") or [])]
 
@@ -515,7 +592,9 @@ class ChameleonCloud:
 
     def find_server(self, name: str) -> dict | None:
         """Our server called `name`, if any (finds a server whose id was never saved)."""
-        servers = [s for s in self._call("listing servers", self.chi.nova().servers.list) if s.name == name]
+        servers = [
+            s for s in self._call("listing servers", self.chi.nova().servers.list, repeat="read") if s.name == name
+        ]
         if len(servers) > 1:
             raise ChameleonError(
                 f"{len(servers)} servers are called {name}: delete the extra ones in the web UI (Compute > Instances)"
@@ -550,7 +629,9 @@ class ChameleonCloud:
         from novaclient.exceptions import NotFound
 
         try:
-            return self._server_view(self.chi.nova().servers.get(server_id))
+            return self._server_view(
+                self._repeat(f"reading server {server_id}", False, self.chi.nova().servers.get, server_id)
+            )
         except NotFound:
             return None
         except Exception as error:
@@ -579,7 +660,7 @@ class ChameleonCloud:
         from novaclient.exceptions import NotFound
 
         try:
-            self.chi.server.delete_server(server_id)
+            self._repeat(f"deleting server {server_id}", True, self.chi.server.delete_server, server_id)
         except NotFound:
             pass
         except Exception as error:
@@ -591,7 +672,7 @@ class ChameleonCloud:
     # -- floating IPs -------------------------------------------------------------
 
     def floating_ip(self, address: str) -> dict | None:
-        for fip in self._call("listing floating IPs", self.chi.network.list_floating_ips):
+        for fip in self._call("listing floating IPs", self.chi.network.list_floating_ips, repeat="read"):
             if fip["floating_ip_address"] == address:
                 return {
                     "id": fip["id"],
@@ -613,7 +694,7 @@ class ChameleonCloud:
 
     def floating_ips_described(self, description: str) -> list[dict]:
         """Ad-hoc floating IPs we allocated with this description."""
-        fips = self._call("listing floating IPs", self.chi.network.list_floating_ips)
+        fips = self._call("listing floating IPs", self.chi.network.list_floating_ips, repeat="read")
         return [
             {"id": f["id"], "address": f["floating_ip_address"]} for f in fips if f.get("description") == description
         ]
@@ -635,7 +716,9 @@ class ChameleonCloud:
             return
         if any(tag.startswith("reservation:") for tag in fip["tags"]):
             raise ChameleonError(f"floating IP {address} belongs to a lease reservation: it is released with the lease")
-        self._call(f"releasing floating IP {address}", self.chi.network.deallocate_floating_ip, address)
+        self._call(
+            f"releasing floating IP {address}", self.chi.network.deallocate_floating_ip, address, repeat="delete"
+        )
 
     # -- SSH ------------------------------------------------------------------------
 
@@ -645,7 +728,9 @@ class ChameleonCloud:
         last_report = start
         progress(f"waiting for SSH on {address}:{port} (the node boots after it turns ACTIVE)")
         while True:
-            banner = ssh_banner(address, port)
+            # Each attempt may take what is left of the wait (a slow sshd greets late), at most one progress period.
+            remaining = timeout_s - (time.monotonic() - start)
+            banner = ssh_banner(address, port, timeout_s=max(0.5, min(remaining, self.progress_every_s)))
             if banner:
                 return banner
             elapsed = time.monotonic() - start

@@ -55,7 +55,11 @@ def containers(home: Path) -> dict[str, dict]:
     # Compose >= 2.21 prints one JSON object per line, older releases one array.
     entries = json.loads(text) if text.startswith("[") else [json.loads(line) for line in text.splitlines() if line]
     return {
-        entry["Service"]: {"name": entry.get("Name"), "state": entry.get("State"), "health": entry.get("Health") or None}
+        entry["Service"]: {
+            "name": entry.get("Name"),
+            "state": entry.get("State"),
+            "health": entry.get("Health") or None,
+        }
         for entry in entries
     }
 

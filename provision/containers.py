@@ -244,7 +244,9 @@ def write_compose(path: Path, definition: dict) -> Path:
     return path
 
 
-def stage_for_host(settings: dict, context: Path, destination: Path, gpu_capabilities: list[str], bind_address: str) -> dict:
+def stage_for_host(
+    settings: dict, context: Path, destination: Path, gpu_capabilities: list[str], bind_address: str
+) -> dict:
     """One host's compose.yaml in destination/, for its GPUs (the preflight's answer); returns its images."""
     found = images(settings, context, gpu_capabilities)
     tags = {name: image["tag"] for name, image in found.items()}
@@ -265,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     stage.add_argument("--bind-address", required=True)
     args = parser.parse_args(argv)
     capabilities = [c for c in args.gpu_capabilities.split(",") if c.strip()]
-    found = stage_for_host(json.loads(args.settings_json), args.context, args.destination, capabilities, args.bind_address)
+    found = stage_for_host(
+        json.loads(args.settings_json), args.context, args.destination, capabilities, args.bind_address
+    )
     print(json.dumps(found))
     return 0
 

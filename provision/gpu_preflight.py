@@ -78,7 +78,12 @@ class Verdict:
     gpus: list[Gpu]
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "message": self.message, "gpu_count": len(self.gpus), "gpus": [asdict(g) for g in self.gpus]}
+        return {
+            "ok": self.ok,
+            "message": self.message,
+            "gpu_count": len(self.gpus),
+            "gpus": [asdict(g) for g in self.gpus],
+        }
 
 
 def parse(stdout: str) -> list[Gpu]:
@@ -102,7 +107,11 @@ def triton_min_capability(triton_image: str) -> tuple[int, int]:
     match = re.search(r":(\d{2})\.(\d{2})", triton_image)
     if match is None:  # an image of the user's own: trust it as far as Triton goes
         return TRITON_MIN_CAPABILITY_BEFORE_2503
-    return TRITON_MIN_CAPABILITY_FROM_2503 if (int(match[1]), int(match[2])) >= (25, 3) else TRITON_MIN_CAPABILITY_BEFORE_2503
+    return (
+        TRITON_MIN_CAPABILITY_FROM_2503
+        if (int(match[1]), int(match[2])) >= (25, 3)
+        else TRITON_MIN_CAPABILITY_BEFORE_2503
+    )
 
 
 def _fmt(capability: tuple[int, int]) -> str:
@@ -128,7 +137,9 @@ def decide(
     output = f"{stdout}\n{stderr}".strip()
     if nvidia_pci_devices == 0 and (rc == 127 or "No devices were found" in output):
         where = "nvidia-smi not found" if rc == 127 else "nvidia-smi: No devices were found"
-        return Verdict(True, f"{CPU_IMAGES} (no NVIDIA GPU on the PCI bus; {where}): the models run as CPU instances", [])
+        return Verdict(
+            True, f"{CPU_IMAGES} (no NVIDIA GPU on the PCI bus; {where}): the models run as CPU instances", []
+        )
     if rc == 127:  # the role's shell: command -v nvidia-smi failed
         return Verdict(
             False,

@@ -78,7 +78,10 @@ def check_build(torch, required: list[str]) -> tuple[bool, str]:
             f"torch {torch.__version__} (CUDA {torch.version.cuda}) has no {', '.join(missing)} kernels "
             f"(it has {' '.join(arches)}); for Pascal (sm_60) pin a cu126 build such as constraints/p100.txt"
         )
-    return True, f"torch {torch.__version__} (CUDA {torch.version.cuda}) has kernels for {', '.join(required)}: {' '.join(arches)}"
+    return (
+        True,
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) has kernels for {', '.join(required)}: {' '.join(arches)}",
+    )
 
 
 def check_gpus(torch) -> tuple[bool, str]:

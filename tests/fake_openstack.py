@@ -17,6 +17,14 @@ can assert exactly what exists (`held()`), and `fail` injects failures:
     fake.fail["fip_delete"] = True              # DELETE /floatingips/{id} answers 500
     fake.fail["lease_extend"] = True            # PUT /leases/{id} answers 409
 
+and `fault()` injects transient ones, each answered once (or `times`) before
+the request is served as usual:
+
+    fake.fault("DELETE", r"/compute/.*/servers/[^/]+", 500)     # one 500, then the delete works
+    fake.fault("GET", r"/reservation/.*/leases/[^/]+", 503, times=2)
+    fake.fault("POST", r"/reservation/.*/leases", "lost")     # the lease is made, the answer is a 504
+    fake.fault("GET", r"/network/.*/floatingips", "drop")      # the connection closes without an answer
+
 States move on as the client polls: a lease is PENDING for `lease_polls_to_active`
 GETs, a server BUILD for `server_polls_to_active`; with the defaults both answer
 their terminal state at once, so python-chi's 5 s wait loops never sleep.
@@ -82,6 +90,7 @@ class FakeOpenStack:
         # test can listen on them and make the "node" reachable by SSH.
         self.address_pool = list(floating_ips or [f"127.0.0.{i}" for i in range(10, 60)])
         self.fail: dict = {}
+        self.faults: list[dict] = []  # transient faults, see fault()
         self.lease_polls_to_active = 0
         self.server_polls_to_active = 0
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
@@ -181,6 +190,27 @@ class FakeOpenStack:
                 "floatingips": len(self.floatingips),
             }
 
+    def fault(self, method: str, path: str, kind: int | str, times: int = 1, skip: int = 0) -> None:
+        """Answer `times` requests `method` `path` (a regex on the whole path), after `skip` served ones, with `kind`.
+
+        kind: an HTTP status (the request is not served), "lost" (served, then
+        answered 504 as a gateway that lost the answer) or "drop" (not served,
+        the connection closed without an answer).
+        """
+        with self.lock:
+            self.faults.append({"method": method, "path": re.compile(path), "kind": kind, "left": times, "skip": skip})
+
+    def _take_fault(self, method: str, path: str):
+        with self.lock:
+            for fault in self.faults:
+                if fault["left"] > 0 and fault["method"] == method and fault["path"].fullmatch(path):
+                    if fault["skip"] > 0:
+                        fault["skip"] -= 1
+                        continue
+                    fault["left"] -= 1
+                    return fault["kind"]
+        return None
+
     def block_hosts(self, node_type: str, hours: float) -> datetime:
         """Another user reserves every host of `node_type` from now for `hours`; returns the end."""
         end = _now() + timedelta(hours=hours)
@@ -202,10 +232,19 @@ class FakeOpenStack:
         with self.lock:
             self.requests.append((method, path))
         headers: dict[str, str] = {}
+        fault = self._take_fault(method, path)
+        if fault == "drop":
+            handler.close_connection = True
+            handler.connection.shutdown(2)  # socket.SHUT_RDWR: the client sees the connection reset
+            return
         try:
+            if isinstance(fault, int):
+                raise HTTPError(fault, {"error": {"code": fault, "message": f"injected: transient {fault}"}})
             if path != "/identity/v3/auth/tokens" and not path.endswith(("/identity/v3", "/identity")):
                 self._check_token(handler, path)
             code, payload = self._route(method, path, query, body, headers)
+            if fault == "lost":
+                code, payload = 504, {"error": {"code": 504, "message": "injected: Gateway Timeout"}}
         except HTTPError as error:
             code, payload = error.code, error.body
         except Exception as error:  # a bug in the fake: say so loudly in the answer

@@ -39,7 +39,9 @@ def model_counts(client, model: str) -> tuple[int, int]:
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
-def counts_since(client, model: str, before: tuple[int, int], inferences: int, timeout: float = 10.0) -> tuple[int, int]:
+def counts_since(
+    client, model: str, before: tuple[int, int], inferences: int, timeout: float = 10.0
+) -> tuple[int, int]:
     """(inferences, executions) since `before`, once `inferences` have been counted.
 
     Triton records a batch's statistics after it has sent the responses, so a

@@ -94,6 +94,7 @@ def settings(tmp_path, ssh_node):
             "ssh_port": ssh_node.port,
             "poll_interval_s": 0.01,
             "timeouts": {"lease_active_s": 10, "server_active_s": 10, "ssh_s": 0.5, "delete_s": 10},
+            "retry": {"attempts": 4, "first_delay_s": 0.01, "max_delay_s": 0.05},
         }
     }
 
@@ -214,10 +215,12 @@ def test_no_free_node_says_what_to_do_and_holds_nothing(fake, settings):
     assert fake.held() == ZERO
 
 
-def test_lease_error_is_cleaned_up_and_reported(fake, settings):
+def test_lease_error_is_cleaned_up_and_reported_as_an_error_of_the_lease(fake, settings):
     fake.fail["lease_status"] = "ERROR"
-    with pytest.raises(NoHostsError, match="went to ERROR"):
+    with pytest.raises(ChameleonError, match="went to ERROR") as caught:
         provision(settings)
+    assert not isinstance(caught.value, NoHostsError), "an ERROR lease is not 'no node free'"
+    assert "not a lack of free nodes" in str(caught.value) and "next free slot" not in str(caught.value)
     assert fake.held() == ZERO  # the failed lease was deleted and verified gone
     release_from_file(settings)
     assert fake.held() == ZERO
@@ -475,3 +478,90 @@ def test_time_left_is_readable():
     end = (datetime.now(timezone.utc) + timedelta(hours=2, minutes=30, seconds=30)).isoformat()
     assert target._time_left(end)[1] == "2 h 30 min"
     assert target._time_left((datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat())[1] == "ended"
+
+
+# --------------------------------------------------------------------------- transient faults
+
+SERVER = r"/compute/v2\.1/servers/[^/]+"
+LEASE = r"/reservation/v1/leases/[^/]+"
+LEASES = r"/reservation/v1/leases"
+FLOATING_IPS = r"/network/v2\.0/floatingips"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kind", "times", "told"),
+    [
+        ("DELETE", SERVER, 500, 1, "deleting server"),
+        ("DELETE", LEASE, 409, 1, "deleting lease"),
+        ("GET", FLOATING_IPS, "drop", 1, "listing floating IPs lost its connection"),
+    ],
+    ids=["500-on-server-delete", "409-on-lease-delete", "dropped-floating-ip-listing"],
+)
+def test_one_teardown_survives_a_transient_fault_and_leaves_zero(fake, settings, method, path, kind, times, told):
+    provision(settings)
+    fake.fault(method, path, kind, times=times)
+    _, recorder = release_from_file(settings)
+    assert fake.held() == ZERO
+    assert told in recorder.text and "retrying in" in recorder.text, recorder.text
+
+
+def test_a_provision_survives_two_503s_on_a_lease_read(fake, settings):
+    fake.lease_polls_to_active = 2  # PENDING first: provision reads the lease while waiting
+    fake.fault("GET", LEASE, 503, times=2)
+    state, recorder = provision(settings)
+    assert state.hosts and fake.held() == ONE_EACH
+    assert recorder.text.count("answered 503, retrying in") == 2
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_a_permanent_500_ends_with_the_clear_message_after_the_configured_attempts(fake, settings):
+    provision(settings)
+    fake.fault("DELETE", SERVER, 500, times=100)
+    with pytest.raises(ChameleonError, match="still there") as caught:
+        release_from_file(settings, recorder := Recorder())
+    assert "fab teardown" in str(caught.value)
+    attempts = settings["chameleon"]["retry"]["attempts"]
+    assert recorder.text.count("deleting server") - 1 == attempts - 1, "one line per retry, then the message"
+    fake.faults.clear()
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_a_lease_create_whose_answer_is_lost_is_found_and_used_not_duplicated(fake, settings):
+    fake.fault("POST", LEASES, "lost")
+    state, recorder = provision(settings)
+    assert fake.held() == ONE_EACH, "one lease: the create was not repeated"
+    assert "but lease triton-lab-alice exists: continuing with it" in recorder.text
+    assert "create_sent" not in state.chameleon["lease"]
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_a_lost_lease_create_that_cannot_be_checked_is_kept_for_teardown(fake, settings):
+    fake.fault("POST", LEASES, "lost")
+    # ...and, after the look-up before the create, Blazar cannot list leases for a while.
+    fake.fault("GET", LEASES, 500, times=100, skip=1)
+    with pytest.raises(ChameleonError):
+        provision(settings)
+    kept = state_module.load()
+    assert kept.chameleon["lease"] == {"name": "triton-lab-alice", "create_sent": True}
+    assert "asked for; Blazar's answer did not come" in target.held(kept)
+    fake.faults.clear()
+    release_from_file(settings)  # what `fab teardown` does: finds the lease by its name
+    assert fake.held() == ZERO
+
+
+def test_leases_that_are_ending_are_never_adopted(fake, settings):
+    from provision.chameleon import LEASE_ENDING, LEASE_STATUSES, ChameleonCloud
+
+    assert LEASE_ENDING < set(LEASE_STATUSES) and "DELETED" not in LEASE_STATUSES
+    provision(settings)
+    cloud = ChameleonCloud("CHI@TACC", poll_interval_s=0.01)
+    (lease,) = fake.leases.values()
+    for status in sorted(LEASE_ENDING):
+        lease["status"] = status
+        assert cloud.find_lease("triton-lab-alice") is None, status
+    lease["status"] = "ACTIVE"
+    release_from_file(settings)
+    assert fake.held() == ZERO

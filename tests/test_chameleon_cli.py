@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import pytest
 from fake_openstack import FakeOpenStack
@@ -67,3 +69,37 @@ def test_provision_status_extend_teardown(lab, cloud):
     assert "teardown complete" in lab.fab("teardown").stdout
     assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0}
     assert lab.state() is None
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_while_the_server_builds_says_what_exists_and_how_to_go_on(lab, cloud, stop):
+    cloud.server_polls_to_active = 10**6  # BUILD until interrupted
+    provision = lab.popen_fab("provision", "--target", "chameleon")
+    try:
+        deadline = time.monotonic() + 60
+        while not (lab.state() and any(s.get("id") for s in lab.state()["chameleon"].get("servers", []))):
+            assert time.monotonic() < deadline and provision.poll() is None, "the provision never got to the server"
+            time.sleep(0.1)
+        provision.send_signal(stop)
+        output, _ = provision.communicate(timeout=30)
+    finally:
+        if provision.poll() is None:
+            provision.kill()
+    assert provision.returncode == 130
+    assert "interrupted: on CHI@TACC: lease triton-lab-alice (" in output and "server triton-lab-alice-node1" in output
+    assert "`fab provision --target chameleon` continues" in output and "`fab teardown` releases" in output
+    assert "Traceback" not in output
+    lab.fab("teardown")
+    assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0}
+
+
+def test_teardown_releases_a_lease_whose_create_answer_was_lost(lab, cloud):
+    cloud.fault("POST", r"/reservation/v1/leases", "lost")
+    cloud.fault("GET", r"/reservation/v1/leases", 503, times=100, skip=1)  # and it cannot be checked now
+    lab.extra_env["FABRIC_LAB_CHAMELEON_RETRY_FIRST_DELAY_S"] = "0.01"
+    failed = lab.fab("provision", "--target", "chameleon", check=False)
+    assert failed.returncode != 0 and "fab teardown" in failed.stderr
+    assert cloud.held()["leases"] == 1 and lab.state() is not None, "the state keeps the lease's name"
+    cloud.faults.clear()
+    assert "teardown complete" in lab.fab("teardown").stdout
+    assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0}

@@ -166,7 +166,13 @@ def test_the_build_commands_pass_every_argument_each_dockerfile_declares(staged,
         assert f"source={image['wheelhouse']}," in (PROJECT_ROOT / image["dockerfile"]).read_text()
     triton = build_command_args(images["triton"]["build_command"])
     assert triton == {"TRITON_IMAGE": "nvcr.io/nvidia/tritonserver:24.10-py3", **expected}
-    assert images["triton"]["pip_download"] == ["-r", "model_repository/requirements.txt", "-c", expected["CONSTRAINTS"], *wheels]
+    assert images["triton"]["pip_download"] == [
+        "-r",
+        "model_repository/requirements.txt",
+        "-c",
+        expected["CONSTRAINTS"],
+        *wheels,
+    ]
     assert images["triton"]["base"] == triton["TRITON_IMAGE"]
     assert build_command_args(images["api"]["build_command"]) == {"PYTHON_IMAGE": "python:3.11-slim-bookworm"}
 

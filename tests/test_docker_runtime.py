@@ -201,6 +201,8 @@ def test_bench_measures_from_the_api_container_against_the_triton_container_with
     assert "--collect-metrics" in docker and "--verbose-csv" in docker
     assert docker[docker.index("--metrics-url") + 1] == f"triton:{ports['triton_metrics']}/metrics"
 
-    process = perf_runs(["food_classifier"], *triton_endpoints("process", "127.0.0.1", ports), profile=quick)[0].command()
+    process = perf_runs(["food_classifier"], *triton_endpoints("process", "127.0.0.1", ports), profile=quick)[
+        0
+    ].command()
     assert process[process.index("-u") + 1] == f"127.0.0.1:{ports['triton_http']}"
     assert "--collect-metrics" not in process, "a CPU host's Triton serves no GPU metrics"

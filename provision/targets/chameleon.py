@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision.chameleon import ChameleonCloud, ChameleonError, NoHostsError, ResourceFailed
+from provision.chameleon import LEASE_ENDING, LEASE_FAILED, ChameleonCloud, ChameleonError, NoHostsError, ResourceFailed
 from provision.config import defaults as project_defaults
 from provision.state import Host, State
 from provision.targets import choose_runtime
@@ -70,11 +70,13 @@ def config(settings: dict, options: dict | None = None) -> dict:
     return merged
 
 
-def _cloud(cfg: dict, site: str | None = None) -> ChameleonCloud:
+def _cloud(cfg: dict, site: str | None = None, say: Say = print) -> ChameleonCloud:
     return ChameleonCloud(
         site or cfg["site"],
         poll_interval_s=float(cfg["poll_interval_s"]),
         progress_every_s=float(cfg["progress_every_s"]),
+        retry=cfg.get("retry"),
+        progress=say,
     )
 
 
@@ -116,7 +118,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     """Reserve and launch the node(s); return the state with the hosts recorded."""
     cfg = config(settings, options)
     runtime = choose_runtime("chameleon", settings, options.get("runtime") or "")
-    cloud = _cloud(cfg)  # first: missing credentials are the most likely problem, and name what to set
+    cloud = _cloud(cfg, say=say)  # first: missing credentials are the most likely problem, and name what to set
     public_key, private_key = _keys(cfg)
     recorded = state.chameleon if state is not None and state.target == "chameleon" else {}
     if recorded.get("lease", {}).get("id"):
@@ -179,12 +181,31 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     return state
 
 
+def held(state: State) -> str:
+    """What the state says exists (or may exist) on the cloud, in one line: what an interrupted provision prints."""
+    info = state.chameleon
+    parts = []
+    lease = info.get("lease") or {}
+    if lease.get("id"):
+        parts.append(f"lease {lease['name']} ({lease['id']}, {lease.get('status', 'status unknown')})")
+    elif lease.get("create_sent"):
+        parts.append(f"lease {lease['name']} (asked for; Blazar's answer did not come)")
+    for server in info.get("servers", []):
+        parts.append(
+            f"server {server['name']}"
+            + (f" ({server.get('status', 'BUILD')})" if server.get("id") else " (launch sent)")
+        )
+    for fip in info.get("floating_ips", []):
+        parts.append(f"floating IP {fip['address']}")
+    return f"on {info.get('site')}: " + ", ".join(parts) if parts else "nothing reserved yet"
+
+
 def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say, created: list[str]) -> None:
     info = state.chameleon
     lease = info["lease"]
     if lease.get("id"):
         current = cloud.lease(lease["id"])
-        if current is None or current["status"] in ("TERMINATED", "DELETED"):
+        if current is None or current["status"] in LEASE_ENDING:
             raise ChameleonError(
                 f"lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to clear it, "
                 "then `fab provision --target chameleon` for a new one"
@@ -199,13 +220,32 @@ def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save,
                 say,
                 f"reserving {count} x {node_type} at {info['site']} for {cfg['lease_hours']:g} h (lease {lease['name']})",
             )
-            current = cloud.create_lease(
-                lease["name"],
-                node_type,
-                count,
-                cfg["lease_hours"],
-                reserve_floating_ip=info["floating_ip"] == "reserved",
-            )
+            # Until Blazar says otherwise a lease of this name may exist (a create
+            # whose answer was lost): the state keeps the name, teardown looks it up.
+            lease["create_sent"] = True
+            save(state)
+            try:
+                current = cloud.create_lease(
+                    lease["name"],
+                    node_type,
+                    count,
+                    cfg["lease_hours"],
+                    reserve_floating_ip=info["floating_ip"] == "reserved",
+                )
+            except NoHostsError:
+                lease.pop("create_sent", None)  # Blazar refused: nothing was made
+                save(state)
+                raise
+            except ChameleonError as error:
+                current = cloud.find_lease(lease["name"])  # not repeated blindly: was it made?
+                if current is None:  # Blazar has no such lease: nothing to clean up
+                    lease.pop("create_sent", None)
+                    save(state)
+                    raise
+                _say_step(
+                    say, f"the lease create failed ({error}), but lease {lease['name']} exists: continuing with it"
+                )
+            lease.pop("create_sent", None)
             created.append(f"lease {current['name']}")
         lease.update(current)
         save(state)
@@ -216,8 +256,12 @@ def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save,
             )
         except ResourceFailed as error:
             _discard_failed_lease(cloud, cfg, state, save, say)
-            if error.status == "ERROR":  # Blazar could not give us the node(s)
-                raise cloud.no_hosts(info["node_type"], info["node_count"], cfg["lease_hours"], str(error)) from None
+            if error.status == LEASE_FAILED:  # Blazar accepted the lease, then could not start it
+                raise ChameleonError(
+                    f"{error}; the lease was deleted and verified gone. Blazar reports a failure of the lease itself "
+                    "(not a lack of free nodes): run `fab provision --target chameleon` again, and if it fails the same "
+                    "way, ask the site's help desk with this message"
+                ) from None
             raise ChameleonError(f"{error} while starting; run `fab provision --target chameleon` again") from None
     lease.update(current)
     state.record(f"lease {lease['name']} ACTIVE until {lease['end']}")
@@ -333,7 +377,7 @@ def release(state: State, settings: dict, save: Save, say: Say) -> None:
         say("chameleon: nothing reserved")
         return
     cfg = config(settings)
-    cloud = _cloud(cfg, info.get("site"))
+    cloud = _cloud(cfg, info.get("site"), say)
     left: list[str] = []
 
     for entry in list(info.get("servers", [])):
