@@ -31,7 +31,8 @@ class Lab:
         return self.root / "results"
 
     def env(self) -> dict:
-        env = dict(os.environ)
+        # The caller's own FABRIC_LAB_* settings (a developer's shell) must not reach the tests' users.
+        env = {name: value for name, value in os.environ.items() if not name.startswith("FABRIC_LAB_")}
         env.update(
             {
                 "LAB_STATE_FILE": str(self.state_file),
