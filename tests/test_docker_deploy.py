@@ -23,7 +23,7 @@ import uuid
 
 import docker_engine
 import pytest
-from test_pipeline import changed_tasks
+from test_pipeline import changed_tasks, http_status
 
 from provision import sample_images
 from provision.background import port_is_free
@@ -83,14 +83,6 @@ def post_image(url: str, image: bytes) -> dict:
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
 
 
 def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab, tmp_path):
