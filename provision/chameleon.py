@@ -372,7 +372,7 @@ class ChameleonCloud:
 
         nova = self.chi.nova()
         try:
-            existing = nova.keypairs.get(name)
+            existing = self._repeat(f"looking up key pair {name}", False, nova.keypairs.get, name)
         except NotFound:
             self._call(f"uploading key pair {name}", nova.keypairs.create, name, public_key=public_key, key_type="ssh")
             return True
@@ -686,7 +686,10 @@ class ChameleonCloud:
         """A new floating IP from the public network, labelled `description` (to find it if its id is lost)."""
         neutron = self.chi.neutron()
         network_id = self._call(
-            "looking up the public network", self.chi.network.get_network_id, self.chi.network.PUBLIC_NETWORK
+            "looking up the public network",
+            self.chi.network.get_network_id,
+            self.chi.network.PUBLIC_NETWORK,
+            repeat="read",
         )
         body = {"floatingip": {"floating_network_id": network_id, "description": description}}
         fip = self._call("allocating a floating IP", neutron.create_floatingip, body)["floatingip"]
@@ -701,7 +704,9 @@ class ChameleonCloud:
 
     def associate_floating_ip(self, server_id: str, address: str) -> None:
         """Attach the floating IP to the server's port (python-chi's own helper hides Neutron's errors)."""
-        ports = self._call("listing the server's ports", self.chi.neutron().list_ports, device_id=server_id)["ports"]
+        ports = self._call(
+            "listing the server's ports", self.chi.neutron().list_ports, device_id=server_id, repeat="read"
+        )["ports"]
         ports = [p for p in ports if p.get("fixed_ips")]
         if not ports:
             raise ChameleonError(f"server {server_id} has no port with an address yet: run provision again in a minute")
