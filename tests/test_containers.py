@@ -212,6 +212,18 @@ def test_dockerfile_triton_pins_ngc_24_10_and_checks_the_wheel_not_the_build_mac
     assert "model_repository/requirements.txt" in text, "the one list of serving requirements"
 
 
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.triton", "Dockerfile.api"])
+def test_the_dockerfiles_stay_within_the_oldest_engine_the_docker_role_accepts(dockerfile):
+    # Docker 20.10 (Debian 12's docker.io, the engine of tests/test_docker_deploy.py) has a
+    # BuildKit that knows `RUN --mount` but not heredocs, and a `# syntax=` line would pull an image.
+    defaults_file = PROJECT_ROOT / "playbooks" / "roles" / "docker" / "defaults" / "main.yml"
+    assert yaml.safe_load(defaults_file.read_text())["docker_engine_min_version"] == "20.10"
+    text = (PROJECT_ROOT / dockerfile).read_text()
+    instructions = [line for line in text.splitlines() if line and not line.startswith((" ", "#"))]
+    assert not [line for line in instructions if "<<" in line], "heredocs need Docker >= 23"
+    assert not re.search(r"^# *syntax *=", text, flags=re.MULTILINE | re.IGNORECASE)
+
+
 @pytest.mark.parametrize(
     "listing",
     [
