@@ -60,12 +60,13 @@ def concurrency_levels(concurrency_range: str) -> list[int]:
     return list(range(start, end + 1, step))
 
 
-def _missing_levels(models: dict[str, list[dict]], profile: dict) -> dict[str, list[int]]:
-    """Levels perf_analyzer gave up on (no stable measurement: it skips them and goes on)."""
+def _missing_levels(models: dict[str, list[dict]], profile: dict, benchmarked: list[str]) -> dict[str, list[int]]:
+    """Levels perf_analyzer gave up on (no stable measurement), per benchmarked model; all of them
+    for a model it measured at no level (it then stops and writes no CSV)."""
     expected = concurrency_levels(profile["concurrency_range"])
     missing = {}
-    for model, rows in models.items():
-        measured = {row["concurrency"] for row in rows}
+    for model in benchmarked:
+        measured = {row["concurrency"] for row in models.get(model, [])}
         if [level for level in expected if level not in measured]:
             missing[model] = [level for level in expected if level not in measured]
     return missing
@@ -220,6 +221,15 @@ def _markdown(summary: dict, host_name: str) -> str:
             "",
         ]
     labels = _gpu_labels(summary["gpu_metrics"]["gpus"])
+    for model in summary["missing_levels"]:
+        if model not in summary["models"]:
+            lines += [
+                f"## {model}",
+                "",
+                f"Not measured: perf_analyzer found no stable measurement at any concurrency "
+                f"(see hosts/{host_name}/{model}.log); a longer profile or a quieter host helps.",
+                "",
+            ]
     for model, rows in summary["models"].items():
         lines += [
             f"## {model}",
@@ -288,7 +298,7 @@ def write_report(
         "host": first,
         "models": models,  # of the first host; every host's are under "hosts"
         "best": _best(models),
-        "missing_levels": _missing_levels(models, profile),
+        "missing_levels": _missing_levels(models, profile, list(commands)),
         "hosts": hosts,
         "commands": commands,
         "git": git,

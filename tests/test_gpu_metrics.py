@@ -168,3 +168,16 @@ def test_the_report_says_when_no_gpu_metrics_were_collected(tmp_path):
         "GPU metrics: none collected (CPU host: perf_analyzer ran without --collect-metrics)"
         in (results / "report.md").read_text()
     )
+
+
+def test_a_model_perf_analyzer_could_not_measure_is_named_and_the_others_are_reported(tmp_path):
+    # perf_analyzer stops without a CSV when no window of the first level is stable (a busy host).
+    commands = {"batching_food_classifier": "perf_analyzer -m batching_food_classifier", "gpu_food_classifier": "x"}
+    results, summary = _results(tmp_path, {"batching_food_classifier": CPU_HOST}, commands)
+    assert list(summary["models"]) == ["batching_food_classifier"]
+    assert summary["missing_levels"] == {"gpu_food_classifier": [2, 4, 6]}
+    report = (results / "report.md").read_text()
+    assert "## gpu_food_classifier" in report
+    assert "Not measured: perf_analyzer found no stable measurement at any concurrency" in report
+    assert "hosts/gpu-host/gpu_food_classifier.log" in report
+    assert summary["best"]["model"] == "batching_food_classifier"
