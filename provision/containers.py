@@ -36,6 +36,7 @@ import yaml
 
 from provision.config import PROJECT_ROOT
 from provision.container_runtime import TOKEN_FILE_ON_HOST
+from provision.local_triton import EXPLICIT_MODEL_CONTROL
 
 # Where things are inside the containers.
 MODELS_IN_CONTAINER = "/models"
@@ -185,6 +186,7 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
             f"--grpc-port={ports['triton_grpc']}",
             f"--metrics-port={ports['triton_metrics']}",
             "--exit-timeout-secs=10",
+            *EXPLICIT_MODEL_CONTROL,
         ],
         "environment": {
             "HF_HOME": HF_CACHE_IN_CONTAINER,  # BLIP from the hub is downloaded once, kept on the host

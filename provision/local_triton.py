@@ -31,6 +31,10 @@ from pathlib import Path
 from provision.background import BackgroundProcess, free_ports, port_is_free
 
 DEFAULT_WHEEL = "nvidia-pytriton==0.7.0"
+# Every model loads at start, and a deploy (or `fab tune`) loads or unloads one
+# model through the repository API while the others keep serving. Both runtimes
+# start tritonserver with these (the docker one through compose.yaml).
+EXPLICIT_MODEL_CONTROL = ("--model-control-mode=explicit", "--load-model=*")
 
 
 class TritonError(RuntimeError):
@@ -235,6 +239,7 @@ class TritonProcess:
             f"--metrics-port={self.metrics_port}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             "--strict-readiness=true",
+            *EXPLICIT_MODEL_CONTROL,
         ]
 
     def environment(self) -> dict:

@@ -1,15 +1,23 @@
-"""One content digest per staged folder, so that a deploy copies only the folders that changed.
+"""Content digests of the staged folders, compared with what the host has, so a deploy copies only what changed.
 
 Ansible's copy of a folder checks every file on the host, one module call each
-(most of a no-change re-deploy's time). The roles compare these digests with
-the ones recorded on the host by the last deploy (run/synced.json) and copy a
-folder only when its digest differs; the copy itself is unchanged.
+(most of a no-change re-deploy's time). The roles digest each staged folder on
+the controller, compare with the digests the host recorded after its last
+successful deploy (run/synced.json), and copy a folder only when it differs.
 
-    python -m provision.tree_digest lib=bundle/lib models=bundle/models-HOST   # prints {"lib": "...", ...}
+A folder named with "/*" (models/*=...) is digested per subfolder: a changed
+model config is then one model to copy and to load into the running server
+(explicit model control), not a restart of Triton.
+
+    python -m provision.tree_digest --synced-json '{"lib": "..."}' lib=bundle/lib 'models/*=bundle/models-HOST'
+
+prints {"digests": {"lib": "...", "models": {"name": "..."}},
+        "differ": ["models"], "members": {"models": {"differ": [...], "removed": [...]}}}
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -26,9 +34,38 @@ def tree_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def member_digests(folder: Path) -> dict[str, str]:
+    """{subfolder name: digest}, for a folder of independent parts (a model repository)."""
+    return {child.name: tree_digest(child) for child in sorted(folder.iterdir()) if child.is_dir()}
+
+
+def compare(folders: dict[str, Path], synced: dict) -> dict:
+    """The staged digests, which folders differ from `synced`, and, per "/*" folder, which members."""
+    digests: dict[str, str | dict[str, str]] = {}
+    members = {}
+    for name, folder in folders.items():
+        if name.endswith("/*"):
+            name = name[:-2]
+            digests[name] = staged = member_digests(folder)
+            # A record from before per-member digests (a plain string) knows no member.
+            before = synced.get(name) if isinstance(synced.get(name), dict) else {}
+            members[name] = {
+                "differ": [member for member, digest in staged.items() if before.get(member) != digest],
+                "removed": sorted(set(before) - set(staged)),
+            }
+        else:
+            digests[name] = tree_digest(folder)
+    differ = [name for name, digest in digests.items() if synced.get(name) != digest]
+    return {"digests": digests, "differ": differ, "members": members}
+
+
 def main(argv: list[str] | None = None) -> int:
-    pairs = [argument.split("=", 1) for argument in (sys.argv[1:] if argv is None else argv)]
-    print(json.dumps({name: tree_digest(Path(path)) for name, path in pairs}))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--synced-json", default="{}", help="what the host recorded (run/synced.json); {} for none")
+    parser.add_argument("folders", nargs="+", metavar="NAME=PATH", help="NAME/*=PATH digests each subfolder")
+    args = parser.parse_args(argv)
+    folders = dict(folder.split("=", 1) for folder in args.folders)
+    print(json.dumps(compare({name: Path(path) for name, path in folders.items()}, json.loads(args.synced_json))))
     return 0
 
 

@@ -171,13 +171,20 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
         assert here.returncode != 0 and "the local target is this machine: the services are already at " in here.stderr
         assert f"http://127.0.0.1:{lab.ports['triton_http']}/v2/health/ready" in here.stderr
 
-    # A changed model config (here: an image size limit) restarts Triton, and only Triton.
+    # A changed model config (here: an image size limit) is loaded into the running server:
+    # the models it touches are copied and loaded again, nothing is restarted.
     lab.extra_env["FABRIC_LAB_MODELS_MAX_PIXELS"] = "30000000"
-    third = lab.fab("deploy").stdout
-    assert "Copy the model repository" in changed_tasks(third) and "Restart tritonserver" in changed_tasks(third)
-    assert "Restart API" not in changed_tasks(third)
-    after = service_pids(lab)
-    assert after["tritonserver"] != before["tritonserver"] and after["api"] == before["api"]
+    third = changed_tasks(lab.fab("deploy").stdout)
+    assert "Copy the models that changed (food_classifier)" in third
+    assert "Load the changed models (food_classifier)" in third
+    assert not [task for task in third if task.startswith("Restart")], third
+    assert not [task for task in third if task.endswith("(ensemble)")], "the ensemble's own config did not change"
+    assert service_pids(lab) == before
+    triton = f"http://127.0.0.1:{lab.ports['triton_http']}"
+    served = json.loads(urllib.request.urlopen(f"{triton}/v2/models/food_classifier/config", timeout=10).read())
+    assert served["parameters"]["max_pixels"]["string_value"] == "30000000"
+    status = lab.fab("status").stdout
+    assert all(f"{model}: READY" in status for model in model_names()), status
 
     logs = lab.fab("logs", "--service", "triton", "--lines", "2000").stdout
     assert "SMOKE WEIGHTS" in logs, "the server log says the weights are smoke weights"

@@ -22,7 +22,7 @@ CHECK = PROJECT_ROOT / "provision" / "torch_arches.py"
 
 # torch 2.7.1+cu126 (constraints/p100.txt): its compiled architectures, and
 # `get_arch_list()` as its source has it: `if not is_available(): return []`.
-STAND_IN_TORCH = '''
+STAND_IN_TORCH = """
 import types
 __version__ = "2.7.1+cu126"
 version = types.SimpleNamespace(cuda={cuda!r})
@@ -48,7 +48,7 @@ cuda = types.SimpleNamespace(
     get_device_capability=lambda i: _gpus[i][1],
     get_device_name=lambda i: _gpus[i][0],
 )
-'''
+"""
 P100_PIN_FLAGS = "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90"
 
 
@@ -81,7 +81,10 @@ def test_the_installed_torch_is_checked_without_a_gpu():
 def test_torch_2_7_without_a_gpu_passes_for_a_p100_although_get_arch_list_is_empty(tmp_path):
     env = stand_in_torch(tmp_path)
     empty = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.get_arch_list())"], capture_output=True, text=True, env=env
+        [sys.executable, "-c", "import torch; print(torch.cuda.get_arch_list())"],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert empty.stdout.strip() == "[]", "the stand-in answers as torch 2.7.1 does without a GPU"
     found = run_check("build", "--require", "sm_60", env=env)
