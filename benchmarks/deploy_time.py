@@ -1,6 +1,13 @@
-"""How long `fab deploy` takes on the local target: a full deploy (after `make`), then a no-change re-deploy.
+"""How long `fab deploy` takes on the local target: full, no-change, and a one-model config change.
 
     .venv/bin/python benchmarks/deploy_time.py [--repeat 2] [--runtime docker]
+
+Each run: a full deploy (after `make`), a no-change re-deploy, then a deploy
+whose only change is one model's config (multigpu_food_classifier's instance
+count), which loads that model into the running server. Then, on the same
+deployment, the two ways to apply such a change, side by side: loading the
+one model through Triton's repository API, and restarting Triton until every
+model is READY again.
 
 Runs as an isolated user (own state file, deploy folder and free ports), so it
 does not disturb a deployment you already have, and tears down at the end.
@@ -17,11 +24,13 @@ docker-bases`) unless FABRIC_LAB_DOCKER_ENGINE_HOST names another engine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import docker_engine  # noqa: E402
 
 from provision.background import free_ports  # noqa: E402
+from provision.model_repo import model_names  # noqa: E402
 
 PORTS = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
 
@@ -62,6 +72,53 @@ def cold_start(env: dict) -> None:
     )
 
 
+CHANGED_MODEL = "multigpu_food_classifier"  # the only model lab.models.instances_per_gpu renders into
+
+
+def triton_post(url: str, timeout: float = 600) -> None:
+    request = urllib.request.Request(url, data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read()
+
+
+def wait_all_ready(triton: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            request = urllib.request.Request(f"{triton}/v2/repository/index", data=b"{}", method="POST")
+            with urllib.request.urlopen(request, timeout=5) as response:
+                states = {entry["name"]: entry.get("state") for entry in json.loads(response.read())}
+            if all(states.get(model) == "READY" for model in model_names()):
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    sys.exit(f"Triton at {triton} not READY after {timeout_s:.0f} s")
+
+
+def load_one_model(triton: str) -> float:
+    """Seconds to load CHANGED_MODEL again into the running server (what a config-only deploy does)."""
+    started = time.perf_counter()
+    triton_post(f"{triton}/v2/repository/models/{CHANGED_MODEL}/load")
+    return time.perf_counter() - started
+
+
+def restart_triton(runtime: str, env: dict, deploy_dir: Path, triton: str) -> float:
+    """Seconds to restart Triton until every model is READY (what a config change cost before)."""
+    started = time.perf_counter()
+    if runtime == "process":
+        serving_python = json.loads((deploy_dir / "runtime.json").read_text())["serving_python"]
+        command = [serving_python, "-m", "provision.process_runtime",
+                   "--config", f"{deploy_dir}/runtime.json", "restart", "triton"]  # fmt: skip
+        subprocess.run(command, env=env | {"PYTHONPATH": f"{deploy_dir}/lib"}, check=True, capture_output=True)
+    else:
+        engine = env["FABRIC_LAB_DOCKER_ENGINE_HOST"]
+        compose = ["docker", "--host", engine, "compose", "--file", f"{deploy_dir}/compose.yaml", "restart", "triton"]
+        subprocess.run(compose, check=True, capture_output=True)
+    wait_all_ready(triton)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=2, help="full + no-change pairs to measure (default 2)")
@@ -82,11 +139,19 @@ def main() -> None:
                 fab(run_env, "provision", "--target", "local", "--runtime", runtime)
                 full = fab(run_env, "deploy")
                 again = fab(run_env, "deploy")
+                config_change = fab(run_env | {"FABRIC_LAB_MODELS_INSTANCES_PER_GPU": "2"}, "deploy")
+                triton = f"http://127.0.0.1:{run_env['FABRIC_LAB_PORTS_TRITON_HTTP']}"
+                load = load_one_model(triton)
+                restart = restart_triton(runtime, run_env, Path(folder) / "deploy", triton)
                 fab(run_env, "teardown")
-                rows.append((attempt, runtime, full, again))
-        print(f"{'run':>3}  {'runtime':<8} {'full deploy s':>13}  {'no-change re-deploy s':>21}  {'ratio':>6}")
-        for attempt, runtime, full, again in rows:
-            print(f"{attempt:>3}  {runtime:<8} {full:>13.1f}  {again:>21.1f}  {again / full:>6.2f}")
+                rows.append((attempt, runtime, full, again, config_change, load, restart))
+        print(f"{'run':>3}  {'runtime':<8} {'full deploy s':>13}  {'no-change re-deploy s':>21}  {'ratio':>6}"
+              f"  {'config-change deploy s':>22}  {'load 1 model s':>14}  {'restart Triton s':>16}")  # fmt: skip
+        for attempt, runtime, full, again, config_change, load, restart in rows:
+            print(f"{attempt:>3}  {runtime:<8} {full:>13.1f}  {again:>21.1f}  {again / full:>6.2f}"
+                  f"  {config_change:>22.1f}  {load:>14.1f}  {restart:>16.1f}")  # fmt: skip
+        for attempt, runtime, *_, load, restart in rows:
+            print(f"run {attempt} {runtime}: loading the changed model is {restart / load:.1f}x faster than a restart")
         if len(runtimes) == 2:
             for attempt in range(1, args.repeat + 1):
                 process, docker = (row for row in rows if row[0] == attempt)
