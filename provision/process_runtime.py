@@ -215,13 +215,27 @@ def check_ports(config: RuntimeConfig) -> dict:
     return busy
 
 
+def _runs_with(pid: int, command: list[str]) -> bool:
+    """Whether the process `pid` runs exactly `command`."""
+    try:
+        running = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return False
+    return running == [part.encode() for part in command]
+
+
 def start(service: str, config: RuntimeConfig) -> bool:
     """Start a service unless it runs; wait until it is ready. True if it was started."""
     if service == "triton":
         server = triton(config)
-        was_running = server.pid() is not None
+        pid = server.pid()
+        # A server started with other flags (an older deploy's, e.g. before explicit model
+        # control) is restarted: the deploy may rely on what the current command enables.
+        if pid is not None and not _runs_with(pid, server.command()):
+            server.stop()
+            pid = None
         server.start(config.models, config.ready_timeout_s)
-        return not was_running
+        return pid is None
     other = _service(service, config)
     was_running = other.process.pid() is not None
     other.start()
