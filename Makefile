@@ -1,7 +1,8 @@
 # Two commands for a fresh machine (Python 3.10+ and make):
 #   make demo   set everything up, run the main job on the local target
 #   make test   set everything up, run all tests (the docker runtime's included)
-# And: make test-docker   only the docker runtime's end-to-end test
+# And: make check         the fast tier, for every change (README: Tests)
+#      make test-docker   only the docker runtime's end-to-end test
 # Everything lands in .venv (the project's environment) and .runtime (Triton, weights, logs).
 
 PYTHON ?= python3
@@ -11,13 +12,29 @@ RUNTIME := .runtime
 # This machine's disk holds the torch build pinned in constraints/local.txt.
 CONSTRAINTS ?= constraints/local.txt
 
-.PHONY: demo test test-docker setup venv runtime weights system-deps trained-model docker-bases lint clean
+.PHONY: demo test check test-docker setup venv runtime weights system-deps trained-model docker-bases lint clean
 
 demo: setup
 	$(BIN)/python -m provision.demo
 
+# Two pytest workers (pytest-xdist): the suite waits on servers, SSH and builds
+# about half the time, so two share this machine's two cores (README: Tests).
+PYTEST_WORKERS ?= 2
+# More pytest options: make test PYTEST_ARGS="--durations=40 -x"
+PYTEST_ARGS ?=
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+# The tiers are pytest markers (pyproject.toml): the fast one leaves out what
+# needs a tritonserver, a deployment or the Docker engine, but for one
+# end-to-end run on the local target (marked `check`).
+CHECK_TIER := check or not (triton or deploy or docker)
+
 test: setup system-deps trained-model docker-bases
-	$(BIN)/python -m pytest
+	@start=$$(date +%s); $(PYTEST); status=$$?; \
+	echo "make test: pytest took $$(( $$(date +%s) - start )) s"; exit $$status
+
+check: setup system-deps trained-model
+	@start=$$(date +%s); $(PYTEST) -m "$(CHECK_TIER)"; status=$$?; \
+	echo "make check: pytest took $$(( $$(date +%s) - start )) s"; exit $$status
 
 test-docker: setup system-deps docker-bases
 	$(BIN)/python -m pytest tests/test_docker_deploy.py

@@ -8,11 +8,9 @@ pipeline's stages.
 
 from __future__ import annotations
 
-import signal
-
 from invoke import Exit, task
 
-from provision import inventory, targets
+from provision import interrupts, inventory, targets
 from provision import state as state_module
 
 
@@ -97,10 +95,10 @@ def provision(
         "site": site, "node_type": node_type, "image": image, "hours": hours, "count": count,
         "key_name": key_name, "public_key": public_key, "private_key": key,
     }  # fmt: skip
-    # SIGTERM (a closed terminal, a batch scheduler) ends a provision as Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C or SIGTERM (a closed terminal, a batch scheduler) ends a provision where it is.
     try:
-        new_state = module.provision(settings, options, current, state_module.save, print)
+        with interrupts.handled():
+            new_state = module.provision(settings, options, current, state_module.save, print)
     except (ValueError, RuntimeError) as error:
         _forget_empty_chameleon_state()
         raise Exit(f"error: {error}") from None
@@ -113,8 +111,6 @@ def provision(
             "`fab teardown` releases what exists",
             code=130,
         ) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(f"inventory: {inventory.render(new_state)}")
     print("next: fab deploy")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,7 +38,14 @@ def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports that nothing listens on now (for tests, benchmarks, side-by-side servers)."""
+    """`count` distinct ports that nothing listens on now (for tests, benchmarks, side-by-side servers).
+
+    LAB_PORT_RANGE=FIRST-LAST draws them from that range instead of the kernel's
+    ephemeral ones, never the same port twice in one process: parallel test
+    workers get disjoint ranges, so one cannot take a port another handed out.
+    """
+    if os.environ.get("LAB_PORT_RANGE"):
+        return _ports_from_range(count, host, os.environ["LAB_PORT_RANGE"])
     sockets = [socket.socket() for _ in range(count)]
     try:
         for probe in sockets:
@@ -46,6 +54,23 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for probe in sockets:
             probe.close()
+
+
+_handed_out: set[int] = set()
+
+
+def _ports_from_range(count: int, host: str, port_range: str) -> list[int]:
+    first, last = (int(bound) for bound in port_range.split("-"))
+    candidates = [port for port in range(first, last + 1) if port not in _handed_out]
+    random.shuffle(candidates)
+    chosen = []
+    for port in candidates:
+        if port_is_free(port, host):
+            chosen.append(port)
+            _handed_out.add(port)
+            if len(chosen) == count:
+                return chosen
+    raise OSError(f"no {count} free ports left in LAB_PORT_RANGE={port_range}")
 
 
 def pid_alive(pid: int) -> bool:

@@ -62,6 +62,8 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 
+from provision import interrupts
+
 Progress = Callable[[str], None]
 
 # Where users get credentials, per site (the site's own dashboard).
@@ -276,6 +278,7 @@ class ChameleonCloud:
         attempts = max(1, int(self.retry["attempts"]))
         delay = float(self.retry["first_delay_s"])
         for attempt in range(1, attempts + 1):
+            interrupts.raise_if_requested()
             try:
                 return function(*args, **kwargs)
             except Exception as error:
@@ -294,6 +297,7 @@ class ChameleonCloud:
         """
         from keystoneauth1 import exceptions as ksa
 
+        interrupts.raise_if_requested()  # a Ctrl-C whose KeyboardInterrupt was lost (provision/interrupts.py)
         try:
             if repeat:
                 return self._repeat(what, repeat == "delete", function, *args, **kwargs)
@@ -331,6 +335,7 @@ class ChameleonCloud:
         last_status, last_report = None, start
         while True:
             status, details = fetch()
+            interrupts.raise_if_requested()
             elapsed = time.monotonic() - start
             if status != last_status:
                 progress(f"{what}: {status} ({_elapsed(elapsed)} elapsed)")

@@ -7,6 +7,7 @@ installed in .runtime/triton.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,12 @@ from provision import config, smoke_weights
 from provision.background import free_ports
 from provision.local_triton import TritonProcess, TritonRuntime
 from provision.model_repo import RenderValues, model_names, render
+
+# Parallel workers (pytest-xdist: gw0, gw1, ...) draw free ports from disjoint
+# ranges below the kernel's ephemeral ones (32768 and up), so no worker and no
+# outgoing connection can take a port another worker handed to its servers.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+os.environ.setdefault("LAB_PORT_RANGE", f"{20000 + 3000 * _WORKER}-{20000 + 3000 * _WORKER + 2999}")
 
 # The model code (food11, serving_common) imports as top-level modules, as in Triton.
 sys.path.insert(0, str(config.MODEL_REPOSITORY / "food_classifier" / "1"))

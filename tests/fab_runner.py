@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,10 +49,12 @@ class Lab:
 
     def fab(self, *args: str, check: bool = True, timeout: float = 900, env: dict | None = None, stdin: str = ""):
         """Run `fab ARGS` as this user; env replaces the whole environment when given."""
+        started = time.monotonic()
         done = subprocess.run(
             [FAB, *args], cwd=PROJECT_ROOT, env=env or self.env(), capture_output=True, text=True, timeout=timeout,
             input=stdin,
         )  # fmt: skip
+        _record_time(args, time.monotonic() - started)
         if check and done.returncode != 0:
             raise AssertionError(f"fab {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         return done
@@ -69,6 +72,14 @@ class Lab:
 
     def state(self) -> dict | None:
         return json.loads(self.state_file.read_text()) if self.state_file.exists() else None
+
+
+def _record_time(args: tuple[str, ...], seconds: float) -> None:
+    """LAB_FAB_TIMINGS=FILE: one line per `fab` command the tests run (where a slow test spends its time)."""
+    timings = os.environ.get("LAB_FAB_TIMINGS")
+    if timings:
+        with open(timings, "a") as out:
+            out.write(f"{seconds:7.1f}s  {os.environ.get('PYTEST_CURRENT_TEST', '').split(' ')[0]}  fab {' '.join(args)}\n")
 
 
 def our_processes(folder: Path) -> list[str]:

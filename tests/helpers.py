@@ -1,8 +1,11 @@
-"""Small helpers the tests share: requests to Triton with tritonclient."""
+"""Small helpers the tests share: requests to Triton with tritonclient, uploads to the API."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
+import uuid
 
 import numpy as np
 import tritonclient.http as triton_http
@@ -54,3 +57,21 @@ def counts_since(
         if since[0] >= inferences or time.monotonic() > deadline:
             return since
         time.sleep(0.05)
+
+
+def post_image(url: str, image: bytes) -> dict:
+    """POST an image to the API as a browser's form upload does; the JSON answer."""
+    boundary = uuid.uuid4().hex
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="photo.jpg"\r\n'
+            "Content-Type: image/jpeg\r\n\r\n"
+        ).encode()
+        + image
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())

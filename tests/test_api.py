@@ -35,6 +35,8 @@ from provision.local_triton import TritonProcess
 from provision.model_repo import render
 from provision.perf import write_input_json
 
+pytestmark = pytest.mark.triton
+
 CLIENT_SCRIPTS = config.PROJECT_ROOT / "client_scripts"
 TEN_MB = 10 * 1024 * 1024
 

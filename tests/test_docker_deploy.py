@@ -19,15 +19,18 @@ import re
 import time
 import urllib.error
 import urllib.request
-import uuid
 
 import docker_engine
 import pytest
+from helpers import post_image
 from test_pipeline import changed_tasks, http_status
 
 from provision import sample_images
 from provision.background import port_is_free
 from provision.model_repo import model_names
+
+# One worker runs them all (pytest-xdist's loadgroup): they share the engine and the Compose project name.
+pytestmark = [pytest.mark.docker, pytest.mark.deploy, pytest.mark.xdist_group("docker")]
 
 PROJECT = "triton-lab-test"
 
@@ -66,23 +69,6 @@ def ours() -> dict[str, list[str]]:
         "networks": docker("network", "ls", "--quiet", "--filter", f"name=^{PROJECT}$").split(),
         "images": docker("images", "--quiet", f"{PROJECT}/*").split(),
     }
-
-
-def post_image(url: str, image: bytes) -> dict:
-    boundary = uuid.uuid4().hex
-    body = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="photo.jpg"\r\n'
-            "Content-Type: image/jpeg\r\n\r\n"
-        ).encode()
-        + image
-        + f"\r\n--{boundary}--\r\n".encode()
-    )
-    request = urllib.request.Request(
-        url, data=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
 
 
 def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab, tmp_path):

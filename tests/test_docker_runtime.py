@@ -80,6 +80,7 @@ def provision_docker_host(lab, sshd) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.deploy
 def test_deploy_in_check_mode_walks_every_role_on_a_p100_host_and_changes_nothing(lab, sshd, tmp_path, apt_servers):
     provision_docker_host(lab, sshd)
     assert lab.state()["runtime"] == "docker"
@@ -152,6 +153,7 @@ def test_the_gpu_preflight_stops_a_gpu_host_with_a_broken_driver_before_anything
     assert "Add Docker's apt key" not in failed.stdout, "nothing after the preflight runs"
 
 
+@pytest.mark.deploy
 def test_a_host_without_gpus_gets_cpu_images_and_no_nvidia_toolkit(lab, sshd, tmp_path, apt_servers):
     provision_docker_host(lab, sshd)
     lab.extra_env["FABRIC_LAB_DOCKER_PCI_DEVICES_DIR"] = str(stand_in_pci_bus(tmp_path, nvidia_gpus=0))

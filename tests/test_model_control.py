@@ -22,6 +22,8 @@ from provision import sample_images
 from provision.local_triton import TritonProcess
 from provision.model_repo import render
 
+pytestmark = pytest.mark.triton
+
 IMAGE = sample_images.b64(sample_images.jpeg(seed=11))
 MODELS = ["food_classifier", "batching_food_classifier"]
 

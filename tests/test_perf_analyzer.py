@@ -14,6 +14,8 @@ from provision import sample_images
 from provision.local_triton import perf_analyzer_env
 from provision.perf import GPU_COLUMNS, PerfRun, metrics_url, parse_csv, write_input_json
 
+pytestmark = pytest.mark.triton
+
 
 @pytest.fixture(scope="module", autouse=True)
 def warm_model(triton_server):

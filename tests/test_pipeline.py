@@ -1,7 +1,8 @@
 """The whole pipeline for real, on the local target and on an ssh host (a real sshd on 127.0.0.1):
 
-provision -> deploy -> deploy again (no changes) -> a config change restarts only Triton
--> status, logs, tunnel -> bench --quick -> results -> teardown -> nothing of ours left -> teardown again.
+provision -> deploy -> deploy again (no changes) -> status, /classify through the API, tunnel
+-> a config change is loaded, nothing restarted -> logs -> bench --quick -> results -> teardown
+-> nothing of ours left -> teardown again. The local run is `make check`'s end-to-end run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import urllib.request
 import pytest
 from conftest import new_lab
 from fab_runner import Lab, our_processes
+from food11 import FOOD11_LABELS
+from helpers import post_image
 
+from provision import sample_images
 from provision.background import port_is_free
 from provision.model_repo import model_names
 
@@ -139,7 +143,9 @@ def service_pids(lab: Lab) -> dict:
     return {name: re.search(rf"{name}: .*?\(pid (\d+)\)", status).group(1) for name in ("tritonserver", "api")}
 
 
-@pytest.mark.parametrize("target", ["local", "ssh"])
+# The local run is also `make check`'s end-to-end run (the default target and runtime).
+@pytest.mark.deploy
+@pytest.mark.parametrize("target", [pytest.param("local", marks=pytest.mark.check), "ssh"])
 def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     deploy_dir = tmp_path / ("deploy-local" if target == "local" else "deploy-remote")
 
@@ -163,6 +169,8 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
         assert f"{model}: READY" in status
     before = service_pids(lab)
     assert_jupyter_needs_its_token(status)
+    answer = post_image(f"http://127.0.0.1:{lab.ports['api']}/classify", sample_images.jpeg(seed=5))
+    assert answer["label"] in FOOD11_LABELS and 0 <= answer["probability"] <= 1, "the API classifies through Triton"
     if target == "ssh":
         check_the_tunnel(lab)
         check_ssh_errors_stop_the_tunnel(lab)

@@ -84,6 +84,7 @@ def test_tunnel_names_the_hosts_and_needs_a_deploy(lab, sshd):
     lab.fab("teardown")
 
 
+@pytest.mark.deploy
 def test_a_port_in_use_is_named_and_teardown_cleans_up(lab, tmp_path):
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", lab.ports["triton_http"]))
@@ -102,6 +103,7 @@ def test_a_port_in_use_is_named_and_teardown_cleans_up(lab, tmp_path):
     assert lab.state() is None and not (tmp_path / "deploy-local").exists()
 
 
+@pytest.mark.deploy
 def test_an_interrupted_deploy_continues_and_tears_down(lab, tmp_path):
     lab.fab("provision", "--target", "local")
     deploy = lab.popen_fab("deploy")
