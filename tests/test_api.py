@@ -35,7 +35,8 @@ from provision.local_triton import TritonProcess
 from provision.model_repo import render
 from provision.perf import write_input_json
 
-pytestmark = pytest.mark.triton
+# One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
+pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
 
 CLIENT_SCRIPTS = config.PROJECT_ROOT / "client_scripts"
 TEN_MB = 10 * 1024 * 1024

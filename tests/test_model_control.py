@@ -22,7 +22,8 @@ from provision import sample_images
 from provision.local_triton import TritonProcess
 from provision.model_repo import render
 
-pytestmark = pytest.mark.triton
+# One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
+pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
 
 IMAGE = sample_images.b64(sample_images.jpeg(seed=11))
 MODELS = ["food_classifier", "batching_food_classifier"]

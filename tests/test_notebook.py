@@ -25,7 +25,8 @@ from provision.local_triton import perf_analyzer_env
 from provision.perf import PerfRun
 from provision.report import write_report
 
-pytestmark = pytest.mark.triton
+# One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
+pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
 
 NOTEBOOK = config.PROJECT_ROOT / "client_scripts" / "profiling.ipynb"
 # Two runs, as `fab bench --quick` would make them on two days: run ids start with their time.

@@ -14,7 +14,8 @@ from provision import sample_images
 from provision.local_triton import perf_analyzer_env
 from provision.perf import GPU_COLUMNS, PerfRun, metrics_url, parse_csv, write_input_json
 
-pytestmark = pytest.mark.triton
+# One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
+pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,36 @@ def test_the_command_line_reads_the_hosts_record(staged):
         "differ": [],
         "members": {"models": {"differ": [], "removed": []}},
     }
+
+
+def pack_command(staged: dict[str, Path], synced: dict, archive: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "provision.tree_digest", "--synced-json", json.dumps(synced), "--pack", str(archive),
+         *(f"{name}={path}" for name, path in staged.items())],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def test_what_differs_is_packed_into_one_archive_and_nothing_else(staged, tmp_path):
+    synced = recorded(staged)
+    (staged["models/*"] / "batching_food_classifier" / "config.pbtxt").write_text("max_batch_size: 16\n")
+    (staged["lib"] / "provision" / "runtime.py").chmod(0o755)
+    archive = tmp_path / "out" / "changes.tar"
+    found = pack_command(staged, synced, archive)
+    assert found["archive"] == str(archive)
+    with tarfile.open(archive) as tar:
+        members = {info.name: info for info in tar.getmembers()}
+    assert sorted(name for name, info in members.items() if info.isfile()) == [
+        "lib/provision/runtime.py",
+        "models/batching_food_classifier/config.pbtxt",
+    ], "the unchanged models stay out"
+    assert {info.mode for info in members.values() if info.isfile()} == {0o644}, "files as the roles' copies made them"
+    assert {info.mode for info in members.values() if info.isdir()} == {0o755}
+
+
+def test_nothing_differs_no_archive(staged, tmp_path):
+    archive = tmp_path / "changes.tar"
+    archive.write_text("from the deploy before")
+    assert pack_command(staged, recorded(staged), archive)["archive"] is None
+    assert not archive.exists(), "no archive from an earlier deploy is sent again"

@@ -20,7 +20,8 @@ from PIL import Image
 from provision import config, sample_images
 from provision.model_repo import model_names
 
-pytestmark = pytest.mark.triton
+# One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
+pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
 
 CLASSIFIERS = ["food_classifier", "gpu_food_classifier", "batching_food_classifier", "multigpu_food_classifier"]
 BATCHING = "batching_food_classifier"
