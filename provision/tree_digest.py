@@ -15,7 +15,7 @@ prints {"digests": {"lib": "...", "models": {"name": "..."}},
         "differ": ["models"], "members": {"models": {"differ": [...], "removed": [...]}}}
 
 With --pack ARCHIVE it also writes what differs into one tar (lib/..., models/NAME/...):
-the roles send that one file and unpack each part with tar, instead of Ansible's
+the roles send that one file and unarchive each part, instead of Ansible's
 copy of a folder, which costs two module calls per file (seconds per folder
 here, a round trip per file over SSH to a cloud node).
 """
