@@ -17,12 +17,10 @@ CONSTRAINTS ?= constraints/local.txt
 demo: setup
 	$(BIN)/python -m provision.demo
 
-# pytest-xdist workers (0: none, in-process). make check runs two: the suite waits on servers, SSH and
-# builds about half the time. make test stays serial until the pipeline's
-# bench is stable under two workers: there, now and then, perf_analyzer finds no
-# stable window for the model measured first after a reload (README: Tests).
+# pytest-xdist workers (0: none, in-process). Two: the suite waits on servers, SSH and
+# builds about half the time (README: Tests has the figures).
 CHECK_WORKERS ?= 2
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 2
 # More pytest options: make test PYTEST_ARGS="--durations=40 -x"
 PYTEST_ARGS ?=
 PYTEST := $(BIN)/python -m pytest --dist loadgroup $(PYTEST_ARGS)

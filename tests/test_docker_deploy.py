@@ -85,6 +85,7 @@ def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab,
     built = [line for line in changed_tasks(first) if line.startswith("Build the missing images")]
     assert len(built) == 2, f"both images are built:\n{first}"
     assert "Start the containers (recreates those whose definition or image changed)" in changed_tasks(first)
+    assert "Restart the Triton container" not in changed_tasks(first), "a container just started has read the weights"
     triton, api = f"{PROJECT}-triton-1", f"{PROJECT}-api-1"
     # Docker runs the image's health check every 15 s: it agrees with the deploy's readiness wait soon after.
     assert wait_healthy(triton) == "healthy"
