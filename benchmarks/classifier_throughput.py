@@ -11,10 +11,20 @@ One run on the local target measures, with smoke weights generated on the spot:
              concurrency 1, 8 and 16: infer/s (one image per request);
   ratios     served/raw (batching at concurrency 8 over the best raw batch)
              and batching/no-batching (at concurrency 8 and 16);
-  preprocess ms per image from a base64 JPEG to the normalised network input,
+  preprocess ms per image from a JPEG file to the normalised network input,
              small (512x384) and phone-sized (4000x3000), the seed's path
              (PIL decode, Resize(256), CenterCrop(224), ToTensor, Normalize)
-             vs the classifier's own.
+             vs the classifier's own;
+  phone      4000x3000 JPEGs, smooth (~0.3 MB) and with a camera's grain
+             (~3 MB, what phones send): served batching_food_classifier
+             (the file's bytes, and base64) against the full-decode raw
+             pipeline (model.py's execute() with reduced_decoding off, the
+             seed's decode) and against small images served; and where the
+             time of one phone image goes (base64, JPEG decode full and
+             reduced, resize, forward pass).
+
+Every served request carries the image file's bytes (perf_analyzer's raw
+input, as the seed's clients send), unless a figure says base64.
 
 --baseline-ref REV also serves and runs the model code of git revision REV
 (e.g. the commit before a change) in the same server and the same run, so a
@@ -65,6 +75,10 @@ NO_BATCHING = "food_classifier"
 MODELS = (BATCHING, NO_BATCHING)
 RAW_BATCH_SIZES = (1, 4, 8, 16)
 CONCURRENCIES = (1, 8, 16)
+PHONE_IMAGES = 4  # distinct 4000x3000 JPEGs cycled through
+PHONE_GRAIN = 6  # grey levels of sensor noise: a 4000x3000 JPEG of ~3 MB, as phones write them
+PHONE_CONCURRENCY = 8
+PHONE_RAW_BATCH_SIZES = (1, 4, 8)
 BASELINE_PREFIX = "baseline_"
 PERF_ANALYZER = Path(sys.executable).parent / "perf_analyzer"  # from the tritonclient wheel
 MODEL_MODULES = ("model", "food11", "serving_common", "triton_python_backend_utils")
@@ -143,7 +157,7 @@ def load_model_code(version_dir: Path) -> types.ModuleType:
 def raw_throughput(
     version_dir: Path,
     model_config: dict,
-    images_b64: list[bytes],
+    items: list[bytes],
     seconds: float,
     kind: str = "CPU",
     batch_sizes: tuple[int, ...] = RAW_BATCH_SIZES,
@@ -166,9 +180,7 @@ def raw_throughput(
     result = {"torch_threads": torch.get_num_threads(), "images_per_s": {}}
     for batch_size in batch_sizes:
         requests = [
-            utils.InferenceRequest(
-                [utils.Tensor("INPUT_IMAGE", np.array([[images_b64[i % len(images_b64)]]], dtype=np.object_))]
-            )
+            utils.InferenceRequest([utils.Tensor("INPUT_IMAGE", np.array([[items[i % len(items)]]], dtype=np.object_))])
             for i in range(batch_size)
         ]
         responses = model.execute(requests)  # warm-up, and a check that the answers are answers
@@ -191,7 +203,7 @@ def raw_throughput(
 # --------------------------------------------------------------------------- preprocessing
 
 
-def seed_preprocess(item_b64: bytes):
+def seed_preprocess(item: bytes):
     """The seed's path: PIL decode, Resize(256), CenterCrop(224), ToTensor, Normalize."""
     from PIL import Image
     from torchvision import transforms
@@ -204,21 +216,21 @@ def seed_preprocess(item_b64: bytes):
             transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
         ]
     )
-    image = Image.open(io.BytesIO(base64.b64decode(item_b64))).convert("RGB")
+    image = Image.open(io.BytesIO(item)).convert("RGB")  # the file's bytes, as the seed's clients send
     return transform(image).unsqueeze(0)
 
 
-def ours_preprocess(classifier, item_b64: bytes):
-    """The classifier's own path from a base64 item to its network input batch (reduced decoding on)."""
+def ours_preprocess(classifier, item: bytes):
+    """The classifier's own path from an INPUT_IMAGE item to its network input batch (reduced decoding on)."""
     if hasattr(classifier, "prepare"):  # the batch path model.py runs: prepare() then to_batch()
-        (prepared,) = classifier.prepare([item_b64])
+        (prepared,) = classifier.prepare([item])
         if isinstance(prepared, Exception):
             raise prepared
         return classifier.to_batch([prepared])
     # Model code without prepare_batch (the seed's): its model.py decodes and preprocesses per item.
     from serving_common import decode_image
 
-    return classifier.preprocess(decode_image(item_b64)).unsqueeze(0)
+    return classifier.preprocess(decode_image(item)).unsqueeze(0)
 
 
 def time_per_call(function, seconds: float, minimum_calls: int = 3) -> float:
@@ -239,12 +251,85 @@ def preprocessing_times(version_dir: Path, weights: Path, seconds: float) -> dic
     classifier = food11.Food11Classifier(weights)  # defaults: the current code decodes large JPEGs reduced
     times = {}
     for name, size in (("small 512x384", sample_images.SMALL), ("phone 4000x3000", sample_images.PHONE)):
-        item = sample_images.b64(sample_images.jpeg(size, seed=3))
+        item = sample_images.jpeg(size, seed=3)
         times[name] = {
             "seed_ms": 1000 * time_per_call(lambda item=item: seed_preprocess(item), seconds),
             "ours_ms": 1000 * time_per_call(lambda item=item: ours_preprocess(classifier, item), seconds),
         }
     return times
+
+
+# --------------------------------------------------------------------------- phone photos
+
+
+PHONE_KINDS = {"smooth": 0, "grain": PHONE_GRAIN}  # name -> grain of sample_images.jpeg
+
+
+def phone_photos(grain: float) -> list[bytes]:
+    return [sample_images.jpeg(sample_images.PHONE, seed=20 + i, grain=grain) for i in range(PHONE_IMAGES)]
+
+
+def full_decode_config(model_config: dict) -> dict:
+    """The model config with reduced_decoding off: every JPEG decoded at full size, as the seed does."""
+    changed = json.loads(json.dumps(model_config))
+    changed.setdefault("parameters", {})["reduced_decoding"] = {"string_value": "false"}
+    return changed
+
+
+def phone_breakdown(version_dir: Path, weights: Path, photo: bytes, seconds: float) -> dict[str, float]:
+    """ms per step of one phone photo on one thread, in the order the served path takes them."""
+    import torch
+
+    load_model_code(version_dir)
+    common, food11 = sys.modules["serving_common"], sys.modules["food11"]
+    classifier = food11.Food11Classifier(weights, threads=1)  # reduced decoding on, as served
+    text = base64.b64encode(photo)
+    reduced = classifier.decode(photo)
+    batch = classifier.to_batch([classifier._from_image(reduced)] * 8)
+    steps = {
+        "base64 decode (base64 input only)": lambda: base64.b64decode(text, validate=True),
+        "JPEG decode, full size (the seed)": lambda: common.to_rgb(common.open_image(photo)),
+        f"JPEG decode, reduced to {reduced.size[0]}x{reduced.size[1]}": lambda: classifier.decode(photo),
+        "resize + crop of the reduced image": lambda: classifier._from_image(reduced),
+        "forward pass, per image of a batch of 8": lambda: classifier.predict(batch),
+    }
+    with torch.inference_mode():
+        times = {name: 1000 * time_per_call(step, seconds) for name, step in steps.items()}
+    times["forward pass, per image of a batch of 8"] /= 8
+    classifier.close()
+    return times
+
+
+def phone_figures(
+    server: TritonProcess, version: Version, version_dir: Path, weights: Path, scratch: Path, args, env: dict
+) -> dict:
+    """Served and raw throughput on phone photos, and the per-step breakdown, for one version."""
+    figures = {}
+    config = model_config(server, version.served_name(BATCHING))
+    for kind, grain in PHONE_KINDS.items():
+        photos = phone_photos(grain)
+        items = photos if version.encoding == "raw" else [base64.b64encode(photo) for photo in photos]
+        print(f"[{version.label}] phone photos, {kind} ({load_average()}) ...", flush=True)
+        full = raw_throughput(
+            version_dir, full_decode_config(config), items, args.raw_seconds, batch_sizes=PHONE_RAW_BATCH_SIZES
+        )["images_per_s"]
+        reduced = raw_throughput(version_dir, config, items, args.raw_seconds, batch_sizes=PHONE_RAW_BATCH_SIZES)[
+            "images_per_s"
+        ]
+        served = {}
+        for encoding in dict.fromkeys([version.encoding, "base64"]):
+            input_json = write_input_json(scratch / f"phone-{kind}-{encoding}.json", photos, encoding=encoding)
+            (served[encoding],) = served_throughput(
+                server, version.served_name(BATCHING), input_json, scratch, args.interval_ms, env, (PHONE_CONCURRENCY,)
+            ).values()
+        figures[kind] = {
+            "file_mb": sum(map(len, photos)) / len(photos) / 1e6,
+            "raw_full_decode": full,
+            "raw_reduced_decode": reduced,
+            "served": served,
+            "breakdown_ms": phone_breakdown(version_dir, weights, photos[0], args.preprocess_seconds),
+        }
+    return figures
 
 
 # --------------------------------------------------------------------------- serving
@@ -258,6 +343,12 @@ class Version:
     source: Path
     prefix: str = ""
     results: dict = field(default_factory=dict)
+
+    @property
+    def encoding(self) -> str:
+        """How its models take an image: "raw" (the file's bytes) where its code knows that form, else "base64"."""
+        common = self.source / "food_classifier" / "1" / "serving_common.py"
+        return "raw" if "def image_file_format" in common.read_text() else "base64"
 
     def served_name(self, model: str) -> str:
         return self.prefix + model
@@ -335,7 +426,7 @@ def print_report(versions: list[Version], notes: list[str]) -> None:
     width = 24
     labels = [version.label for version in versions]
     print()
-    print("Food-11 classifier throughput (smoke weights, one 512x384 JPEG per request)")
+    print("Food-11 classifier throughput (smoke weights, one 512x384 JPEG per request, sent as the file's bytes)")
     for note in notes:
         print(f"  {note}")
     print()
@@ -364,6 +455,9 @@ def print_report(versions: list[Version], notes: list[str]) -> None:
             print(f"  {name:<40} {value:6.2f}")
     print()
     for version in versions:
+        if "phone" in version.results:
+            print_phone(version)
+    for version in versions:
         print(f"preprocessing, ms per image ({version.label}'s code):")
         print(f"  {'image':<18}{'seed path':>12}{'ours':>12}{'speed-up':>10}")
         for name, times in version.results["preprocess"].items():
@@ -371,6 +465,41 @@ def print_report(versions: list[Version], notes: list[str]) -> None:
                 f"  {name:<18}{times['seed_ms']:>12.2f}{times['ours_ms']:>12.2f}"
                 f"{times['seed_ms'] / times['ours_ms']:>9.1f}x"
             )
+
+
+def print_phone(version: Version) -> None:
+    """The phone-photo table of one version, with the two ratios the served path is held to."""
+    small = version.results["served"][BATCHING][8]
+    print(f"phone photos 4000x3000, batching_food_classifier ({version.label}'s code; images/s, infer/s):")
+    kinds = list(version.results["phone"])
+    print(f"  {'':<46}" + "".join(f"{kind:>14}" for kind in kinds))
+    rows = {
+        "JPEG size, MB": lambda f: f["file_mb"],
+        "raw pipeline, full decode (best batch)": lambda f: max(f["raw_full_decode"].values()),
+        "raw pipeline, reduced decode (best batch)": lambda f: max(f["raw_reduced_decode"].values()),
+    }
+    for encoding in version.results["phone"][kinds[0]]["served"]:
+        words = "the file's bytes" if encoding == "raw" else "base64"
+        rows[f"served c={PHONE_CONCURRENCY}, {words}"] = lambda f, e=encoding: f["served"][e]
+    for name, value in rows.items():
+        print(f"  {name:<46}" + "".join(f"{value(version.results['phone'][kind]):>14.2f}" for kind in kinds))
+    ratios = {}
+    for kind in kinds:
+        figures = version.results["phone"][kind]
+        served = figures["served"][version.encoding]
+        ratios[kind] = {
+            "served / full-decode raw pipeline (target >= 5)": served / max(figures["raw_full_decode"].values()),
+            f"served phone / served small c={PHONE_CONCURRENCY} ({small:.1f}/s; target >= 0.5)": served / small,
+        }
+        if "base64" in figures["served"] and version.encoding != "base64":
+            ratios[kind]["served file's bytes / served base64"] = served / figures["served"]["base64"]
+    for name in ratios[kinds[0]]:
+        print(f"  {name:<46}" + "".join(f"{ratios[kind][name]:>14.2f}" for kind in kinds))
+    version.results["phone_ratios"] = ratios
+    print("  where one phone photo's time goes, ms on one thread:")
+    for step in version.results["phone"][kinds[0]]["breakdown_ms"]:
+        print(f"    {step:<44}" + "".join(f"{version.results['phone'][k]['breakdown_ms'][step]:>14.2f}" for k in kinds))
+    print()
 
 
 # --------------------------------------------------------------------------- main
@@ -384,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preprocess-seconds", type=float, default=2.0, help="time per preprocessing figure (s)")
     parser.add_argument("--images", type=int, default=8, help="distinct 512x384 JPEGs cycled through")
     parser.add_argument("--torch-threads", type=int, help="render this torch_threads (default: fabric.yaml's)")
+    parser.add_argument("--no-phone", action="store_true", help="leave out the phone-photo figures (about 3 minutes)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (repository, CSVs, log)")
     args = parser.parse_args(argv)
@@ -415,24 +545,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"starting tritonserver on port {server.http_port} ({load_average()}) ...", flush=True)
         server.start([v.served_name(m) for v in versions for m in MODELS], timeout_s=300)
 
-        images = [sample_images.b64(sample_images.jpeg(seed=seed)) for seed in range(args.images)]
-        input_json = write_input_json(scratch / "input.json", images)
+        images = [sample_images.jpeg(seed=seed) for seed in range(args.images)]
         env = perf_analyzer_env(runtime.root)
 
         for version in versions:
             version_dir = repository / version.served_name(BATCHING) / "1"
+            items = images if version.encoding == "raw" else [base64.b64encode(image) for image in images]
             print(f"[{version.label}] raw pipeline ({load_average()}) ...", flush=True)
             version.results["raw"] = raw_throughput(
-                version_dir, model_config(server, version.served_name(BATCHING)), images, args.raw_seconds
+                version_dir, model_config(server, version.served_name(BATCHING)), items, args.raw_seconds
             )
             print(f"[{version.label}] preprocessing ({load_average()}) ...", flush=True)
             version.results["preprocess"] = preprocessing_times(version_dir, food11_weights, args.preprocess_seconds)
         for version in versions:
+            version.results["encoding"] = version.encoding
+            input_json = write_input_json(scratch / f"input-{version.encoding}.json", images, encoding=version.encoding)
             version.results["served"] = {}
             for model in MODELS:
                 print(f"[{version.label}] perf_analyzer {model} ({load_average()}) ...", flush=True)
                 version.results["served"][model] = served_throughput(
                     server, version.served_name(model), input_json, scratch, args.interval_ms, env
+                )
+        if not args.no_phone:
+            for version in versions:
+                version_dir = repository / version.served_name(BATCHING) / "1"
+                version.results["phone"] = phone_figures(
+                    server, version, version_dir, food11_weights, scratch, args, env
                 )
         notes.append(f"after: {load_average()}")
         print_report(versions, notes)

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in (BATCHING, NO_BATCHING):
             shutil.copytree(rendered / model, repository / model)
         version_dir = repository / BATCHING / "1"
-        images = [sample_images.b64(sample_images.jpeg(seed=seed)) for seed in range(8)]
+        images = [sample_images.jpeg(seed=seed) for seed in range(8)]
 
         raw = bench.raw_throughput(
             version_dir, rendered_config(repository, BATCHING, kind), images, args.raw_seconds, kind, RAW_BATCH_SIZES

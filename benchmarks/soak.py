@@ -183,7 +183,7 @@ def perf_window(triton: str, concurrency: int, folder: Path, minute: int, env: d
 def soak(args: argparse.Namespace, env: dict, deploy_dir: Path, folder: Path) -> int:
     ports = {name: int(env[f"FABRIC_LAB_PORTS_{name.upper()}"]) for name in PORTS}
     triton = f"127.0.0.1:{ports['triton_http']}"
-    perf.write_input_json(folder / "input.json", [sample_images.b64(sample_images.jpeg(seed=22))])
+    perf.write_input_json(folder / "input.json", [sample_images.jpeg(seed=22)])
     perf_env = perf_analyzer_env(config.runtime_dir() / "triton")
     triton_pid, api_pid = main_pids(args.runtime, deploy_dir, env)
 

@@ -18,7 +18,7 @@ Configuration from the environment (read once, at start-up):
   API_TRITON_TIMEOUT_S    how long one Triton request may take before the API answers 504 (default 30)
 
 Errors are JSON `{"detail": "..."}`: 400 the upload is not a usable image (empty,
-not an image, truncated, too many pixels: Triton's own message), 413 the upload
+neither an image nor base64, truncated, too many pixels: Triton's own message), 413 the upload
 is over the limit, 422 the request does not match the schema (no `file`, an
 unknown model), 503 Triton is unreachable or a model is not ready, 504 Triton
 did not answer in time, 502 Triton failed in some other way.
@@ -27,7 +27,6 @@ did not answer in time, 502 Triton failed in some other way.
 from __future__ import annotations
 
 import asyncio
-import base64
 import enum
 import logging
 import os
@@ -208,7 +207,8 @@ async def read_upload(file: UploadFile) -> bytes:
 
 async def infer(request: Request, model: str, image: bytes, outputs: list[str]) -> dict[str, object]:
     """One image through one model; {output name: first element, decoded}."""
-    items = np.array([[base64.b64encode(image)]], dtype=np.object_)
+    # The upload as it came: the models take an image file's bytes (or base64) as they are.
+    items = np.array([[image]], dtype=np.object_)
     tensor = triton_http.InferInput(INPUT_NAME, list(items.shape), "BYTES")
     tensor.set_data_from_numpy(items)
     requested = [triton_http.InferRequestedOutput(name) for name in outputs]

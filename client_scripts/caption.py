@@ -9,7 +9,6 @@ Prints one line per file: `photo.jpg: [Soup 0.958] a photo of soup, ...`.
 from __future__ import annotations
 
 import argparse
-import base64
 import sys
 from pathlib import Path
 
@@ -26,7 +25,8 @@ def caption_files(url: str, model: str, paths: list[Path]) -> list[tuple[str, st
     answers = []
     with triton_http.InferenceServerClient(url) as client:
         for path in paths:
-            items = np.array([[base64.b64encode(path.read_bytes())]], dtype=np.object_)
+            # The file's bytes, as the seed's client sends them (the models take base64 too).
+            items = np.array([[path.read_bytes()]], dtype=np.object_)
             image_input = triton_http.InferInput("INPUT_IMAGE", list(items.shape), "BYTES")
             image_input.set_data_from_numpy(items)
             outputs = [triton_http.InferRequestedOutput(name) for name in OUTPUTS]

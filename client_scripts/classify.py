@@ -9,7 +9,6 @@ Prints one line per file: `photo.jpg: Soup (0.958)`.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import sys
 import urllib.error
@@ -32,7 +31,8 @@ def classify_files(url: str, model: str, paths: list[Path]) -> list[tuple[str, f
     answers = []
     with triton_http.InferenceServerClient(url) as client:
         for path in paths:
-            items = np.array([[base64.b64encode(path.read_bytes())]], dtype=np.object_)
+            # The file's bytes, as the seed's client sends them (the models take base64 too).
+            items = np.array([[path.read_bytes()]], dtype=np.object_)
             image_input = triton_http.InferInput("INPUT_IMAGE", list(items.shape), "BYTES")
             image_input.set_data_from_numpy(items)
             result = client.infer(model, [image_input])

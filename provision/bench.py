@@ -21,7 +21,7 @@ from provision.ansible import run_playbook
 from provision.background import reachable_address
 from provision.deploy import docker_environment
 from provision.model_repo import model_names
-from provision.perf import PerfRun
+from provision.perf import PerfRun, input_encodings
 from provision.report import write_report
 
 
@@ -91,6 +91,9 @@ def bench(
             + (" (the last deploy did not finish)" if state.deploy.get("status") else "")
         )
     models = list(models or settings["bench"]["models"])
+    encoding = settings["bench"].get("input_encoding", "raw")
+    if encoding not in input_encodings():
+        raise BenchError(f"lab.bench.input_encoding is {encoding!r}: expected one of {', '.join(input_encodings())}")
     profile_name = "quick" if quick else "full"
     profile = dict(settings["bench"][profile_name])
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{state.target}"
@@ -117,6 +120,7 @@ def bench(
             "lab_models": model_names(),
             "lab_results_dir": str(results),
             "lab_input_image": str(image),
+            "lab_bench_input_encoding": encoding,
             "lab_bench_runs": [{"model": run.model, "args": run.command()[1:]} for run in runs],
         },
         say,
@@ -126,6 +130,7 @@ def bench(
         run_id=run_id,
         target=state.target,
         profile={"name": profile_name, **profile},
+        input_encoding=encoding,
         commands={run.model: shlex.join(run.command()) for run in runs},
         smoke_weights=bool(state.deploy.get("smoke_weights")),
         git=_git_commit(),

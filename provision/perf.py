@@ -13,10 +13,14 @@ puts them under row["gpus"], one entry per GPU UUID.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import subprocess
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+
+from provision.config import PROJECT_ROOT
 
 # CSV header -> our field name.
 _COLUMNS = {
@@ -58,10 +62,24 @@ _INTEGER_GPU_FIELDS = ("memory_used_bytes", "memory_total_bytes")
 DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-interval
 
 
-def write_input_json(path: Path, images_b64: list[bytes], input_name: str = "INPUT_IMAGE") -> Path:
-    """The --input-data file: one entry per image, each a one-element BYTES tensor."""
-    data = {"data": [{input_name: [image.decode("ascii")]} for image in images_b64]}
-    path.write_text(json.dumps(data))
+@cache
+def _make_perf_input():
+    """client_scripts/make_perf_input.py, the one writer of perf_analyzer's input (it runs on the hosts too)."""
+    path = PROJECT_ROOT / "client_scripts" / "make_perf_input.py"
+    spec = importlib.util.spec_from_file_location("make_perf_input", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def input_encodings() -> tuple[str, ...]:
+    """How perf_analyzer can send the image: "raw" (the file's bytes) or "base64"."""
+    return _make_perf_input().ENCODINGS
+
+
+def write_input_json(path: Path, images: list[bytes], input_name: str = "INPUT_IMAGE", encoding: str = "raw") -> Path:
+    """The --input-data file for these image files' contents, sent as their bytes (raw) or base64."""
+    path.write_text(json.dumps(_make_perf_input().perf_input(images, input_name, encoding)))
     return path
 
 

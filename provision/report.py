@@ -30,6 +30,12 @@ GPU_UNITS = {
 }
 MIB = 1024 * 1024
 
+# summary["input_encoding"] in the report's words (runs from before it was recorded sent base64).
+INPUT_ENCODING_WORDS = {
+    "raw": "one image per request, sent as the file's bytes (lab.bench.input_encoding: raw)",
+    "base64": "one image per request, sent as its base64 text (lab.bench.input_encoding: base64)",
+}
+
 # serve-system-chi on 2 x P100 (REFERENCE.md section 6), concurrency 8 unless noted.
 PUBLISHED_P100 = [
     ("python backend, 1 instance, no batching", "8", 52.4, 152),
@@ -209,6 +215,7 @@ def _markdown(summary: dict, host_name: str) -> str:
             if summary["profile"].get("measurement_mode") == "count_windows"
             else f"{summary['profile']['measurement_interval_ms']} ms windows)"
         ),
+        f"- input: {INPUT_ENCODING_WORDS.get(summary.get('input_encoding', 'base64'), summary.get('input_encoding'))}",
         f"- git commit: {summary['git']['commit']}{' (with uncommitted changes)' if summary['git']['dirty'] else ''}",
         _gpu_metrics_line(summary),
         "",
@@ -283,6 +290,7 @@ def write_report(
     commands: dict[str, str],
     smoke_weights: bool,
     git: dict,
+    input_encoding: str = "raw",
 ) -> dict:
     """Read hosts/*/ and write summary.json, report.md and the plots; return the summary."""
     hosts = {folder.name: _load_host(folder) for folder in sorted((results / "hosts").iterdir()) if folder.is_dir()}
@@ -295,6 +303,7 @@ def write_report(
         "target": target,
         "smoke_weights": smoke_weights,
         "profile": profile,
+        "input_encoding": input_encoding,  # how perf_analyzer sent the image: "raw" (the file's bytes) or "base64"
         "host": first,
         "models": models,  # of the first host; every host's are under "hosts"
         "best": _best(models),

@@ -9,12 +9,14 @@ the eleven, and the API must give the answer Triton gives.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -137,6 +139,18 @@ def test_classify_answers_like_triton_with_the_batching_classifier_by_default(ht
     assert body["label"] == label and body["probability"] == pytest.approx(probability, abs=1e-6)
 
 
+def test_the_upload_reaches_triton_as_it_came_without_re_encoding(http, triton):
+    """An upload of base64 text classifies like the file itself: the API passed the text on
+    untouched (encoding it once more would have given the model base64 of base64)."""
+    ((label, probability),) = classify(triton, "batching_food_classifier", [PHOTO])
+    for upload_body in (PHOTO, base64.b64encode(PHOTO), base64.encodebytes(PHOTO)):
+        response = http.post("/classify", files=upload(upload_body, "photo.txt", "text/plain"))
+        assert response.status_code == 200, response.text
+        assert response.json()["label"] == label and response.json()["probability"] == pytest.approx(probability)
+    response = http.post("/caption", files=upload(base64.b64encode(PHOTO), "photo.txt", "text/plain"))
+    assert response.status_code == 200 and response.json()["label"] == label, response.text
+
+
 @pytest.mark.parametrize("model", ["food_classifier", "gpu_food_classifier", "multigpu_food_classifier"])
 def test_classify_serves_another_variant_when_asked(http, model):
     response = http.post("/classify", params={"model": model}, files=upload(PHOTO))
@@ -176,7 +190,11 @@ def test_openapi_docs_are_served(http):
 BAD_UPLOADS = {
     # name: (bytes, expected status, words the message must contain)
     "empty": (b"", 400, "empty"),
-    "not-an-image": (b"plain text, no picture here", 400, "not an image"),
+    "not-an-image": (
+        b"plain text, no picture here",
+        400,
+        "neither an image file's bytes (JPEG, PNG, GIF, WebP, BMP or TIFF) nor base64",
+    ),
     "truncated": (_truncated_source[: len(_truncated_source) // 3], 400, "truncated"),
     "too-many-pixels": (sample_images.encode(Image.new("RGB", (5000, 4000)), "PNG"), 400, "over the limit"),
 }
@@ -450,20 +468,34 @@ def test_client_scripts_report_the_apis_error_and_exit_1(api, tmp_path):
     assert done.returncode == 1 and "cannot reach the API" in done.stderr
 
 
-def test_make_perf_input_writes_one_base64_entry_per_image(tmp_path):
+def test_make_perf_input_writes_one_entry_per_image_as_the_file_s_bytes_or_base64(tmp_path):
     photos = [tmp_path / f"p{i}.jpg" for i in range(2)]
     for seed, photo in enumerate(photos):
         photo.write_bytes(sample_images.jpeg(seed=seed))
     output = tmp_path / "input.json"
     done = run_script("make_perf_input.py", *map(str, photos), "-o", str(output))
-    assert done.returncode == 0, done.stderr
-    # Exactly what the benchmark's own writer makes for the same files.
-    expected = write_input_json(tmp_path / "expected.json", [sample_images.b64(p.read_bytes()) for p in photos])
+    assert done.returncode == 0 and "as raw" in done.stdout, done.stderr
+    # raw (the default): perf_analyzer's {"b64": ...} holding the serialized BYTES element, length then file.
+    entries = json.loads(output.read_text())["data"]
+    for entry, photo in zip(entries, photos):
+        serialized = base64.b64decode(entry["INPUT_IMAGE"]["b64"])
+        assert serialized == struct.pack("<I", photo.stat().st_size) + photo.read_bytes()
+    # Exactly what the benchmark's own writer makes for the same files, in either form.
+    expected = write_input_json(tmp_path / "expected.json", [p.read_bytes() for p in photos])
     assert json.loads(output.read_text()) == json.loads(expected.read_text())
+    done = run_script("make_perf_input.py", *map(str, photos), "-o", str(output), "--encoding", "base64")
+    assert done.returncode == 0, done.stderr
+    entries = json.loads(output.read_text())["data"]
+    assert [base64.b64decode(entry["INPUT_IMAGE"][0]) for entry in entries] == [p.read_bytes() for p in photos]
+    expected = write_input_json(tmp_path / "expected.json", [p.read_bytes() for p in photos], encoding="base64")
+    assert json.loads(output.read_text()) == json.loads(expected.read_text())
+
     renamed = run_script("make_perf_input.py", str(photos[0]), "-o", str(output), "--input-name", "IMAGE")
     assert renamed.returncode == 0 and list(json.loads(output.read_text())["data"][0]) == ["IMAGE"]
     missing = run_script("make_perf_input.py", str(tmp_path / "nope.jpg"), "-o", str(output))
     assert missing.returncode == 1 and "nope.jpg" in missing.stderr
+    unknown = run_script("make_perf_input.py", str(photos[0]), "-o", str(output), "--encoding", "hex")
+    assert unknown.returncode == 2 and "invalid choice: 'hex'" in unknown.stderr
 
 
 # --------------------------------------------------------------------------- the container

@@ -28,7 +28,7 @@ def warm_model(triton_server):
 
 def _short_run(triton_server, tmp_path, **options) -> PerfRun:
     """batching_food_classifier on three JPEGs, in short windows whose figures are not what these tests check."""
-    images = [sample_images.b64(sample_images.jpeg(seed=seed)) for seed in range(3)]
+    images = [sample_images.jpeg(seed=seed) for seed in range(3)]
     return PerfRun(
         model="batching_food_classifier",
         url=f"{triton_server.host}:{triton_server.http_port}",
@@ -94,3 +94,43 @@ def test_an_unreachable_metrics_endpoint_fails_the_run_or_gives_no_gpu_metrics(t
             assert "Unable to connect to Metrics endpoint" in str(error)
         else:
             assert all("gpus" not in row for row in parse_csv(run.csv_path))
+
+
+# ---- how perf_analyzer sends the image: the file's bytes (raw) or its base64
+
+
+def _one_window_run(triton_server, tmp_path, images: list[bytes], encoding: str, model="food_classifier") -> PerfRun:
+    return PerfRun(
+        model=model,
+        url=f"{triton_server.host}:{triton_server.http_port}",
+        input_json=write_input_json(tmp_path / f"input-{encoding}.json", images, encoding=encoding),
+        csv_path=tmp_path / f"perf-{encoding}.csv",
+        concurrency_range="1",
+        measurement_mode="count_windows",
+        measurement_request_count=5,
+        stability_percentage=999,
+        max_trials=3,
+    )
+
+
+@pytest.mark.parametrize("encoding", ["raw", "base64"])
+def test_perf_analyzer_measures_with_either_input_encoding(triton_server, triton_runtime, tmp_path, encoding):
+    """raw is the bench's default; base64 is the course's input.json, which must keep working."""
+    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")
+    run = _one_window_run(triton_server, tmp_path, [sample_images.jpeg(seed=seed) for seed in range(2)], encoding)
+    run.run(perf_analyzer, env=perf_analyzer_env(triton_runtime.root), timeout_s=300)
+    (row,) = parse_csv(run.csv_path)
+    assert row["throughput"] > 0
+
+
+@pytest.mark.parametrize("encoding, read_as", [("raw", "the file's bytes"), ("base64", "base64")])
+def test_on_the_wire_raw_input_is_the_file_s_bytes_and_base64_is_text(
+    triton_server, triton_runtime, tmp_path, encoding, read_as
+):
+    """The model's error for a truncated JPEG says how the element reached it: what perf_analyzer sent."""
+    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")
+    truncated = sample_images.jpeg(seed=9)[:2000]
+    run = _one_window_run(triton_server, tmp_path, [truncated], encoding)
+    with pytest.raises(RuntimeError) as failed:
+        run.run(perf_analyzer, env=perf_analyzer_env(triton_runtime.root), timeout_s=300)
+    assert "truncated" in str(failed.value) and f"(read as {read_as})" in str(failed.value)

@@ -7,6 +7,7 @@ provision -> deploy -> deploy again (no changes) -> status, /classify through th
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -217,6 +218,10 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     assert all(command.startswith("perf_analyzer -m ") for command in summary["commands"].values())
     report = (results / "report.md").read_text()
     assert "SMOKE WEIGHTS" in report and "Best configuration" in report and "| concurrency |" in report
+    # perf_analyzer sent the image file's bytes, as the seed's clients do, and the report says so.
+    assert summary["input_encoding"] == "raw" and "sent as the file's bytes" in report
+    (entry,) = json.loads((results / "hosts" / summary["host"] / "input.json").read_text())["data"]
+    assert base64.b64decode(entry["INPUT_IMAGE"]["b64"])[4:] == (results / "input.jpg").read_bytes()
     for plot in ("throughput.png", "latency.png"):
         assert (results / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -11,6 +11,7 @@ import base64
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS, Food11Classifier
@@ -42,13 +43,21 @@ IMAGES = {
 }
 
 _good = sample_images.jpeg(seed=7)
+_oversized = sample_images.encode(Image.new("RGB", (5000, 4000)), "PNG")
 BAD_INPUTS = {
-    "invalid-base64": (b"%%% not base64 %%%", "not valid base64"),
+    "neither-file-nor-base64": (b"%%% not base64 %%%", "neither an image file's bytes"),
     "not-an-image": (base64.b64encode(b"GIF? no, plain text"), "not an image"),
     "truncated-jpeg": (base64.b64encode(_good[: len(_good) // 3]), "truncated"),
+    "truncated-jpeg-bytes": (_good[: len(_good) // 3], "(read as the file's bytes)"),
     "empty-string": (b"", "empty"),
-    "oversized-image": (_b64(Image.new("RGB", (5000, 4000)), "PNG"), "over the limit"),
+    "oversized-image": (base64.b64encode(_oversized), "over the limit"),
+    "oversized-image-bytes": (_oversized, "over the limit"),
 }
+
+
+def _file_bytes(item: bytes) -> bytes:
+    """The image file inside one of IMAGES' base64 items: what the seed's clients send."""
+    return base64.b64decode(item)
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +97,61 @@ def test_each_variant_answers_like_the_same_weights_in_process(client, reference
         (served,) = classify(client, model, [data])
         assert served[0] in FOOD11_LABELS and 0 < served[1] <= 1
         assert_same_answer(served, reference[name], f"{model} on {name}")
+
+
+@pytest.mark.parametrize("model", CLASSIFIERS)
+def test_each_variant_answers_the_file_s_bytes_as_it_answers_their_base64(client, reference, model):
+    for name, data in IMAGES.items():
+        (served,) = classify(client, model, [_file_bytes(data)])
+        assert_same_answer(served, reference[name], f"{model} on the bytes of {name}")
+
+
+def test_a_request_may_mix_file_bytes_and_base64(client, reference):
+    names = list(IMAGES)
+    items = [_file_bytes(IMAGES[name]) if index % 2 else IMAGES[name] for index, name in enumerate(names)]
+    for name, served in zip(names, classify(client, BATCHING, items)):
+        assert_same_answer(served, reference[name], f"item {name} of a mixed request")
+
+
+# ---- the seed's client, as its client_scripts are written (but for the image path)
+
+
+def _seed_client(url: str, model: str, image_path, output_names: list[str]):
+    """What the seed's tritonclient scripts do: the file's raw bytes in a [1, 1] BYTES tensor,
+    outputs asked for as JSON (binary_data=False); their base64 line is never used."""
+    triton_client = triton_http.InferenceServerClient(url=url)
+    with open(image_path, "rb") as f:
+        image_bytes = f.read()
+    inputs = [triton_http.InferInput("INPUT_IMAGE", [1, 1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([[image_bytes]], dtype=object))
+    outputs = [triton_http.InferRequestedOutput(name, binary_data=False) for name in output_names]
+    return triton_client.infer(model_name=model, inputs=inputs, outputs=outputs)
+
+
+def _text(value) -> str:
+    """A BYTES output element: JSON outputs come back as str, binary ones as bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def test_the_seed_s_client_classifies_with_food_classifier(triton_server, reference, tmp_path):
+    image_path = tmp_path / "test_image.jpg"
+    image_path.write_bytes(_file_bytes(IMAGES["small-jpeg"]))
+    url = f"{triton_server.host}:{triton_server.http_port}"
+    results = _seed_client(url, "food_classifier", image_path, ["FOOD_LABEL", "PROBABILITY"])
+    predicted_class = results.as_numpy("FOOD_LABEL")
+    probability = results.as_numpy("PROBABILITY")
+    assert predicted_class.shape == probability.shape == (1, 1)
+    assert_same_answer((_text(predicted_class[0, 0]), float(probability[0, 0])), reference["small-jpeg"], "seed client")
+
+
+def test_the_seed_s_client_captions_with_the_ensemble(triton_server, reference, tmp_path):
+    image_path = tmp_path / "test_image.jpg"
+    image_path.write_bytes(_file_bytes(IMAGES["other-jpeg"]))
+    url = f"{triton_server.host}:{triton_server.http_port}"
+    results = _seed_client(url, "ensemble", image_path, ["OUTPUT", "FOOD_LABEL"])
+    caption, label = _text(results.as_numpy("OUTPUT")[0, 0]), _text(results.as_numpy("FOOD_LABEL")[0, 0])
+    assert label == reference["other-jpeg"][0]
+    assert caption.startswith(f"a photo of {label.lower()}"), caption
 
 
 def test_a_request_may_carry_several_images(client, reference):
@@ -168,7 +232,7 @@ def test_one_bad_item_fails_a_multi_image_request_and_says_which_problem(client)
 
 def test_the_classify_script_prints_a_label_per_file(triton_server, reference, tmp_path):
     photo = tmp_path / "photo.png"
-    photo.write_bytes(base64.b64decode(IMAGES["rgba-png"]))
+    photo.write_bytes(_file_bytes(IMAGES["rgba-png"]))
     script = config.PROJECT_ROOT / "client_scripts" / "classify.py"
     url = f"{triton_server.host}:{triton_server.http_port}"
     done = subprocess.run(

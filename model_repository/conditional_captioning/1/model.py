@@ -1,6 +1,6 @@
 """Triton Python-backend model: BLIP captioning conditioned on a food label.
 
-Input  INPUT       TYPE_STRING  base64 image file
+Input  INPUT       TYPE_STRING  an image file: its bytes or its base64
        FOOD_LABEL  TYPE_STRING  label to condition on (from the classifier in the ensemble)
 Output OUTPUT      TYPE_STRING  the caption, which starts with the prompt ("a photo of bread, ...")
 

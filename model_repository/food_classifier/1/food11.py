@@ -18,8 +18,8 @@ from serving_common import (
     DEFAULT_MAX_ENCODED_BYTES,
     DEFAULT_MAX_PIXELS,
     InvalidImage,
-    decode_base64,
     decode_image,
+    image_file_bytes,
     is_smoke_weights,
     open_image,
 )
@@ -138,7 +138,7 @@ class Food11Classifier:
     The path of a dynamic batch (model.py runs exactly this, and so do tests
     and benchmarks in-process):
 
-      prepare(items)   base64 -> decoded, resized, cropped uint8 images, every
+      prepare(items)   image files (bytes or base64) -> decoded, resized, cropped uint8 images, every
                        item in parallel on a thread pool (Pillow releases the GIL
                        while it decodes and resizes); an unusable item gives its
                        InvalidImage instead of an image;
@@ -256,7 +256,7 @@ class Food11Classifier:
         on_device: list[tuple[int, bytes]] = []
         for index, item in enumerate(items):
             try:
-                data = decode_base64(item, self.max_encoded_bytes)
+                data, _ = image_file_bytes(item, self.max_encoded_bytes)
                 header = open_image(data, self.max_pixels)  # format, mode and size limit, no pixels yet
             except InvalidImage as error:
                 prepared[index] = error
@@ -295,7 +295,7 @@ class Food11Classifier:
 
     def classify(self, images: list) -> list[tuple[str, float]]:
         """For scripts and tests: RGB images, or encoded items as INPUT_IMAGE carries them
-        (base64), through the served path -> [(label, probability)]."""
+        (the file's bytes or base64), through the served path -> [(label, probability)]."""
         prepared = [
             self._from_image(image) if isinstance(image, Image.Image) else self._prepare_one(image) for image in images
         ]

@@ -7,7 +7,7 @@ food_classifier, gpu_food_classifier, batching_food_classifier and
 multigpu_food_classifier all run this file (the other variants link to it);
 their config.pbtxt decides the batching and where the instances run.
 
-Input  INPUT_IMAGE  TYPE_STRING  base64 image file, one per batch item
+Input  INPUT_IMAGE  TYPE_STRING  an image file, one per batch item: its bytes or its base64
 Output FOOD_LABEL   TYPE_STRING  one of the eleven Food-11 labels
        PROBABILITY  TYPE_FP32    softmax probability of that label
 

@@ -1,6 +1,7 @@
 """What every Python model of this repository needs, Triton or not.
 
-- decoding of the INPUT_IMAGE tensor: one base64 string -> one RGB PIL image;
+- decoding of the INPUT_IMAGE tensor: one image file, sent as its bytes or as
+  base64 text -> one RGB PIL image;
 - reading the model-config parameters;
 - choosing the device of an instance (the GPU Triton assigned, else the CPU).
 
@@ -23,7 +24,8 @@ import os
 from PIL import Image, UnidentifiedImageError
 
 # Defaults of the model-config parameters max_encoded_bytes / max_pixels.
-DEFAULT_MAX_ENCODED_BYTES = 20 * 1024 * 1024  # ~15 MB of image file
+# max_encoded_bytes limits the INPUT_IMAGE element as sent, bytes or base64.
+DEFAULT_MAX_ENCODED_BYTES = 20 * 1024 * 1024  # a 20 MB file, or ~15 MB of file as base64
 DEFAULT_MAX_PIXELS = 40_000_000  # a 48 MP phone photo is 8000x6000; 4000x3000 is 12 MP
 
 _DATA_URL_MARK = b";base64,"
@@ -51,23 +53,67 @@ def as_bytes(item: object) -> bytes:
         return item
     if isinstance(item, str):
         return item.encode("ascii", errors="replace")
-    raise InvalidImage(f"INPUT_IMAGE element has type {type(item).__name__}, expected a base64 string")
+    raise InvalidImage(
+        f"INPUT_IMAGE element has type {type(item).__name__}, expected an image file's bytes or its base64"
+    )
 
 
-def decode_base64(item: object, max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES) -> bytes:
-    """The image file bytes inside a base64 string (plain, line-wrapped, or a data: URL)."""
-    text = as_bytes(item)
-    if len(text) > max_encoded_bytes:
-        raise InvalidImage(f"INPUT_IMAGE is {len(text)} bytes of base64, over the limit of {max_encoded_bytes} bytes")
+# How each accepted image file begins. The JPEG, PNG and TIFF signatures hold
+# bytes outside the base64 alphabet; those of GIF, WebP and BMP are letters,
+# but the base64 of an image begins "/9j/", "iVBOR", "SUkq", "TU0A", "R0lG",
+# "UklG" or "Qk", never "GIF8", "RIFF" or "BM" (and a BMP's reserved header
+# bytes are zeros, which base64 never holds). So the first bytes alone tell an
+# image file's bytes from the base64 of one.
+ACCEPTED_FORMATS = "JPEG, PNG, GIF, WebP, BMP or TIFF"
+
+
+def image_file_format(data: bytes) -> str | None:
+    """The format whose magic number `data` begins with, or None (then it may be base64)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "GIF"
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        return "WebP"
+    if data.startswith(b"BM") and data[6:10] == b"\0\0\0\0":
+        return "BMP"
+    if data.startswith((b"II*\0", b"MM\0*")):
+        return "TIFF"
+    return None
+
+
+READ_AS = {"bytes": "the file's bytes", "base64": "base64"}
+
+
+def decode_base64(text: bytes) -> bytes:
+    """The file inside base64 text: plain, line-wrapped, or a data: URL."""
     if text.startswith(b"data:") and _DATA_URL_MARK in text:
         text = text.split(_DATA_URL_MARK, 1)[1]
     text = b"".join(text.split())  # `base64` and many clients wrap lines at 76 columns
     if not text:
-        raise InvalidImage("INPUT_IMAGE is empty: expected a base64-encoded image file")
+        raise InvalidImage("INPUT_IMAGE is empty: expected an image file's bytes or its base64")
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as error:
-        raise InvalidImage(f"INPUT_IMAGE is not valid base64 ({error})") from None
+        raise InvalidImage(
+            f"INPUT_IMAGE is neither an image file's bytes ({ACCEPTED_FORMATS}) nor base64 text ({error})"
+        ) from None
+
+
+def image_file_bytes(item: object, max_encoded_bytes: int = DEFAULT_MAX_ENCODED_BYTES) -> tuple[bytes, str]:
+    """One INPUT_IMAGE element -> (the image file's bytes, how it was sent: "bytes" or "base64").
+
+    The seed's clients send the file's bytes; perf_analyzer's JSON input and
+    many others send base64. The size limit applies to the element as sent.
+    """
+    data = as_bytes(item)
+    if len(data) > max_encoded_bytes:
+        raise InvalidImage(f"INPUT_IMAGE is {len(data)} bytes, over the limit of {max_encoded_bytes} bytes")
+    if image_file_format(data):
+        return data, "bytes"
+    return decode_base64(data), "base64"
 
 
 def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
@@ -136,15 +182,20 @@ def decode_image(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     min_side: int | None = None,
 ) -> Image.Image:
-    """One INPUT_IMAGE element -> an RGB image, or InvalidImage saying why not.
+    """One INPUT_IMAGE element (the file's bytes or its base64) -> an RGB image, or InvalidImage saying why not.
 
     min_side: decode large JPEGs at a reduced scale that keeps at least this
     many pixels on the short side (see reduce_on_decode); None decodes in full.
     """
-    image = open_image(decode_base64(item, max_encoded_bytes), max_pixels)
-    if min_side:
-        image = reduce_on_decode(image, min_side)
-    return to_rgb(image)
+    data, sent_as = image_file_bytes(item, max_encoded_bytes)
+    try:
+        image = open_image(data, max_pixels)
+        if min_side:
+            image = reduce_on_decode(image, min_side)
+        return to_rgb(image)
+    except InvalidImage as error:
+        # How the server read the element tells a client which of its two forms went wrong.
+        raise InvalidImage(f"{error} (read as {READ_AS[sent_as]})") from None
 
 
 def model_parameters(model_config: dict) -> dict[str, str]:
