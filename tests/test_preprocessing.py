@@ -50,6 +50,7 @@ to 0.26), so with them only the inputs are compared.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 from functools import cache
@@ -59,7 +60,16 @@ import numpy as np
 import pytest
 import torch
 import trained_mobilenet
-from food11 import IMAGENET_MEAN, IMAGENET_STD, REDUCED_DECODING_MIN_SIDE, Food11Classifier, reference_transform
+from food11 import (
+    CROP_TO,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    REDUCED_DECODING_MIN_SIDE,
+    Food11Classifier,
+    build_network,
+    for_inference,
+    reference_transform,
+)
 from PIL import Image
 from serving_common import InvalidImage, decode_image, threads_per_instance
 
@@ -193,6 +203,40 @@ def test_threads_are_shared_out_among_the_instances(monkeypatch):
     assert threads_per_instance({"instance_group": [{"count": 2}, {"count": 2}]}) == 2
     assert threads_per_instance({"instance_group": [{"count": 16}]}) == 1
     assert threads_per_instance({"instance_group": [{"count": 4}]}, requested=3) == 3
+
+
+def test_the_served_network_computes_what_the_loaded_one_does():
+    """BatchNorm folded into the convolutions, channels_last weights: the same logits to float rounding."""
+    torch.manual_seed(0)
+    network = build_network()
+    for module in network.modules():  # trained-looking statistics, so that folding them changes the weights
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.uniform_(-0.2, 0.2)
+    network.eval()
+    served, folded = for_inference(copy.deepcopy(network))
+    assert folded and not any(isinstance(m, torch.nn.BatchNorm2d) for m in served.modules())
+    batch = torch.randn(4, 3, CROP_TO, CROP_TO)
+    with torch.inference_mode():
+        expected = network(batch)
+        logits = served(batch.contiguous(memory_format=torch.channels_last))
+    assert torch.allclose(logits, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    assert torch.equal(torch.softmax(logits, 1).argmax(1), torch.softmax(expected, 1).argmax(1))
+
+
+def test_a_network_torch_fx_cannot_trace_is_served_unfolded():
+    class Branchy(torch.nn.Module):  # control flow on a value: torch.fx cannot trace it
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.norm(self.conv(x)) if x.sum() > 0 else x
+
+    served, folded = for_inference(Branchy())
+    assert not folded and isinstance(served, Branchy)
 
 
 # -- labels and probabilities: the reference and the reduced input through a trained network

@@ -75,7 +75,7 @@ class TritonPythonModel:
 
         self.log.info(
             "instance %s on %s, weights %s, max_batch_size %s, torch threads %d, reduced JPEG decoding %s, "
-            "preprocessing on %s, GPU JPEG decoding %s",
+            "preprocessing on %s, GPU JPEG decoding %s, BatchNorm folded into the convolutions %s",
             args["model_instance_name"],
             device,
             params["weights_path"],
@@ -84,6 +84,7 @@ class TritonPythonModel:
             "on" if self.classifier.min_side else "off",
             "the device" if self.classifier.device_preprocessing else "the CPU",
             "on" if self.classifier.gpu_decode else "off",
+            "yes" if self.classifier.folded else "no (torch.fx cannot trace this network)",
         )
         if params.get("cpu_fallback"):
             self.log.warning("%s", params["cpu_fallback"])
