@@ -131,7 +131,8 @@ def for_inference(network: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
     with the running statistics of eval mode) and the weights are stored
     channels_last: the same function to float rounding (tests/test_preprocessing.py),
     and on the CPU the forward pass of MobileNetV2, most of a small image's
-    time, about halves (22 -> 10 ms per image of a batch of 8 on 2 cores).
+    time, takes a third (15-20 -> 6 ms per image of a batch of 8, one thread;
+    benchmarks/classifier_throughput.py).
     A network that torch.fx cannot trace (someone's own module) is served unfolded.
     """
     network = network.eval()
