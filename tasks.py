@@ -284,3 +284,48 @@ def logs(c, service="triton", lines=50):
     for host, text in output.items():
         print(f"==> {host}: {service} <==")
         print(text.rstrip())
+
+
+@task(
+    positional=["run_a", "run_b"],
+    iterable=["also"],
+    help={
+        "run_a": "the baseline run: a results/<run-id>/ folder or its run id",
+        "run_b": "the run to compare with it",
+        "also": "one more run to compare (repeatable)",
+        "threshold": "flag a regression beyond this fraction (default 0.10: the full profile's noise)",
+        "out": "where to write compare.md and compare.png (default results/compare/<A>_vs_<B>...)",
+        "fail_on_regression": "exit 1 when a regression is flagged (for CI)",
+    },
+)
+def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regression=False):
+    """Two or more bench runs side by side: what differs, throughput and p95/p99 with ratios, regressions."""
+    from pathlib import Path
+
+    from provision.bench import results_root
+    from provision.config import client_script
+
+    compare_runs = client_script("compare_runs")
+    root = results_root(_settings(c))
+    paths = [Path(run) if Path(run).exists() else root / run for run in [run_a, run_b, *(also or [])]]
+    try:
+        runs = compare_runs.load_runs(paths)
+    except compare_runs.CompareError as error:
+        raise Exit(f"error: {error}") from None
+    folder = Path(out) if out else root / "compare" / "_vs_".join(run["run_id"] for run in runs)
+    written = compare_runs.write(runs, folder, float(threshold))
+    differing = list(compare_runs.differing_facts(runs)) + [
+        f"deployed config {name}" for name in compare_runs.config_diffs(runs)
+    ]
+    print(f"compared {len(runs)} runs over {len(written['rows'])} model/concurrency pair(s)")
+    print(
+        "differ in: "
+        + ("; ".join(differing) if differing else "nothing recorded (commit, versions, hardware, configs)")
+    )
+    for found in written["regressions"]:
+        print(
+            f"REGRESSION {found['run']}: {found['model']} c={found['concurrency']} {found['figure']} x{found['ratio']:.2f}"
+        )
+    print(f"report: {folder / 'compare.md'}")
+    if fail_on_regression and written["regressions"]:
+        raise Exit(f"{len(written['regressions'])} regression(s) beyond {float(threshold):.0%}", code=1)

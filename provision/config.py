@@ -8,14 +8,27 @@ every default lives in one place.
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+import importlib.util
+from functools import cache, lru_cache
 from pathlib import Path
+from types import ModuleType
 
 import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 SERVING_REQUIREMENTS = MODEL_REPOSITORY / "requirements.txt"
+CLIENT_SCRIPTS = PROJECT_ROOT / "client_scripts"
+
+
+@cache
+def client_script(name: str) -> ModuleType:
+    """client_scripts/<name>.py as a module: code the hosts, the API container and the notebook run
+    (standard library only) that the controller runs too, so that there is one copy of it."""
+    spec = importlib.util.spec_from_file_location(name, CLIENT_SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @lru_cache(maxsize=1)

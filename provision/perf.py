@@ -13,14 +13,12 @@ puts them under row["gpus"], one entry per GPU UUID.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
-from provision.config import PROJECT_ROOT
+from provision.config import client_script
 
 # CSV header -> our field name.
 _COLUMNS = {
@@ -62,14 +60,9 @@ _INTEGER_GPU_FIELDS = ("memory_used_bytes", "memory_total_bytes")
 DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-interval
 
 
-@cache
 def _make_perf_input():
     """client_scripts/make_perf_input.py, the one writer of perf_analyzer's input (it runs on the hosts too)."""
-    path = PROJECT_ROOT / "client_scripts" / "make_perf_input.py"
-    spec = importlib.util.spec_from_file_location("make_perf_input", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return client_script("make_perf_input")
 
 
 def input_encodings() -> tuple[str, ...]:

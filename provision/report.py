@@ -62,7 +62,8 @@ def _load_host(folder: Path) -> dict:
 
 def concurrency_levels(concurrency_range: str) -> list[int]:
     """perf_analyzer's start:end:step as the list of levels it measures."""
-    start, end, step = (int(part) for part in (str(concurrency_range).split(":") + ["1"])[:3])
+    parts = [int(part) for part in str(concurrency_range).split(":")]
+    start, end, step = parts[0], (parts[1:2] or parts[:1])[0], (parts[2:3] or [1])[0]  # "N" alone is N:N:1
     return list(range(start, end + 1, step))
 
 

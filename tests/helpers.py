@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import numpy as np
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
+
+from provision.perf import PerfRun
+from provision.report import write_report
 
 
 def image_input(items: list[bytes], name: str = "INPUT_IMAGE") -> triton_http.InferInput:
@@ -75,3 +80,58 @@ def post_image(url: str, image: bytes) -> dict:
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
+
+
+def bench_run(
+    results: Path,
+    run_id: str,
+    models: list[str],
+    url: str,
+    env: dict,
+    input_json: Path,
+    configs: dict[str, str] | None = None,
+    concurrency_range: str = "1:2:1",
+    request_count: int = 8,
+) -> Path:
+    """A short real benchmark run written as `fab bench` writes it: perf_analyzer CSVs under
+    hosts/local/ (and the deployed configs given, under hosts/local/configs/), then write_report."""
+    run = results / run_id
+    host = run / "hosts" / "local"
+    (host / "configs").mkdir(parents=True)
+    for model, text in (configs or {}).items():
+        (host / "configs" / f"{model}.pbtxt").write_text(text)
+    # Windows of a request count, not of time: on a busy machine a time window may
+    # come back empty and perf_analyzer then fails (fab bench --quick does the same).
+    profile = {
+        "name": "quick",
+        "concurrency_range": concurrency_range,
+        "measurement_mode": "count_windows",
+        "measurement_request_count": request_count,
+        "measurement_interval_ms": 2000,
+    }
+    commands = {}
+    for model in models:
+        perf = PerfRun(
+            model=model,
+            url=url,
+            input_json=input_json,
+            csv_path=host / f"{model}.csv",
+            concurrency_range=profile["concurrency_range"],
+            measurement_interval_ms=profile["measurement_interval_ms"],
+            measurement_mode=profile["measurement_mode"],
+            measurement_request_count=profile["measurement_request_count"],
+            stability_percentage=999,  # accept the first windows: this machine is noisy
+            max_trials=5,  # more windows to find 3 alike in, on a starved machine
+        )
+        perf.run(str(Path(sys.executable).parent / "perf_analyzer"), env=env, timeout_s=300)
+        commands[model] = " ".join(perf.command())
+    write_report(
+        run,
+        run_id=run_id,
+        target="local",
+        profile=profile,
+        commands=commands,
+        smoke_weights=True,
+        git={"commit": None, "dirty": False},
+    )
+    return run

@@ -17,12 +17,11 @@ from pathlib import Path
 import nbformat
 import pytest
 import tritonclient.http as triton_http
-from helpers import classify
+from helpers import bench_run, classify
 from nbclient import NotebookClient
 
 from provision import config, sample_images
 from provision.local_triton import perf_analyzer_env
-from provision.perf import PerfRun
 from provision.report import write_report
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
@@ -34,47 +33,6 @@ RUNS = {
     "20260101-120000-local": ["food_classifier", "batching_food_classifier"],
     "20260102-120000-local": ["batching_food_classifier"],
 }
-
-
-def _bench(results: Path, run_id: str, models: list[str], url: str, env: dict, input_json: Path) -> Path:
-    run = results / run_id
-    host = run / "hosts" / "local"
-    host.mkdir(parents=True)
-    # Windows of a request count, not of time: on a busy machine a time window may
-    # come back empty and perf_analyzer then fails (fab bench --quick does the same).
-    profile = {
-        "name": "quick",
-        "concurrency_range": "1:2:1",
-        "measurement_mode": "count_windows",
-        "measurement_request_count": 8,
-        "measurement_interval_ms": 2000,
-    }
-    commands = {}
-    for model in models:
-        perf = PerfRun(
-            model=model,
-            url=url,
-            input_json=input_json,
-            csv_path=host / f"{model}.csv",
-            concurrency_range=profile["concurrency_range"],
-            measurement_interval_ms=profile["measurement_interval_ms"],
-            measurement_mode=profile["measurement_mode"],
-            measurement_request_count=profile["measurement_request_count"],
-            stability_percentage=999,  # accept the first windows: this machine is noisy
-            max_trials=5,  # more windows to find 3 alike in, on a starved machine
-        )
-        perf.run(str(Path(sys.executable).parent / "perf_analyzer"), env=env, timeout_s=300)
-        commands[model] = " ".join(perf.command())
-    write_report(
-        run,
-        run_id=run_id,
-        target="local",
-        profile=profile,
-        commands=commands,
-        smoke_weights=True,
-        git={"commit": None, "dirty": False},
-    )
-    return run
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +55,7 @@ def results(triton_server, triton_runtime, tmp_path_factory) -> Path:
             classify(client, model, [sample_images.b64(photo.read_bytes())])
     env = perf_analyzer_env(triton_runtime.root)
     for run_id, models in RUNS.items():
-        _bench(root, run_id, models, url, env, work / "input.json")
+        bench_run(root, run_id, models, url, env, work / "input.json")
     return root
 
 
@@ -114,8 +72,9 @@ def execute(results: Path, monkeypatch, **env: str) -> tuple[str, int]:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
+    # The kernel runs in the notebook's folder, as Jupyter starts it on the hosts (compare_runs.py is there).
     NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(results)}}
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
     ).execute()
     texts, images = [], 0
     for cell in notebook.cells:
@@ -142,11 +101,12 @@ def test_the_notebook_opens_the_newest_run_and_compares_it_with_the_one_before(r
     assert "comparing with " + str(results / "20260101-120000-local") in text
     assert "| concurrency | infer/s | p50 ms" in text, "the run's table"
     assert "SMOKE WEIGHTS" in text
-    assert "| A infer/s | B infer/s |" in text, "the comparison"
+    assert "| A infer/s | B infer/s | B/A |" in text, "the comparison, the code of `fab compare`"
+    assert "Deployed model configs: the same in every run." in text
     # One row per concurrency both runs measured (perf_analyzer may drop a level on a very busy machine).
     a, b = (measured(results / run, "batching_food_classifier") for run in RUNS)
     assert a & b and all(f"| batching_food_classifier | {level} |" in text for level in a & b)
-    assert "Measured in one run only: food_classifier" in text
+    assert "Not measured by every run (left out): food_classifier" in text
     assert "hosts/local/batching_food_classifier.csv" in text, "the raw CSV"
     # throughput.png and latency.png of the run, the latency/throughput plot, the comparison plot.
     assert images >= 4
