@@ -132,3 +132,19 @@ def test_runs_that_cannot_be_compared_get_one_message_and_nothing_is_written(res
         done = lab.fab("compare", str(results / RUN_A), run, check=False)
         assert done.returncode == 1 and message in done.stderr, (run, done.stderr)
     assert not (lab.results_dir / "compare").exists() and not (tmp_path / "compare").exists()
+
+
+def test_more_runs_are_compared_to_the_first(results, tmp_path):
+    lab = new_lab(tmp_path)
+    third = tmp_path / "20260205-120000-local"
+    shutil.copytree(results / RUN_B, third)
+    summary = json.loads((third / "summary.json").read_text())
+    (third / "summary.json").write_text(json.dumps({**summary, "run_id": third.name}))
+    done = lab.fab(
+        "compare", str(results / RUN_A), str(results / RUN_B), "--also", str(third), "--out", str(tmp_path / "out")
+    )
+    assert "compared 3 runs" in done.stdout
+    report = (tmp_path / "out" / "compare.md").read_text()
+    assert f"- **C** `{third.name}`" in report
+    assert "| A infer/s | B infer/s | B/A | C infer/s | C/A |" in report
+    assert f"| {third.name} | {MODEL} | 1 | throughput |" in report, "C is B's figures: the same regression against A"
