@@ -29,6 +29,20 @@ os.environ.setdefault("LAB_PORT_RANGE", f"{20000 + 3000 * _WORKER}-{20000 + 3000
 # The model code (food11, serving_common) imports as top-level modules, as in Triton.
 sys.path.insert(0, str(config.MODEL_REPOSITORY / "food_classifier" / "1"))
 
+# The longest tests first (a docker deployment, then the other deployments, then
+# the tritonserver tests), so that on two workers the short ones fill the end
+# instead of one long test running alone after everything else. Stable: within
+# a tier, the files' own order.
+_FIRST_TIERS = ("docker", "deploy", "triton")
+
+
+def pytest_collection_modifyitems(items):
+    def tier(item) -> int:
+        return next((n for n, mark in enumerate(_FIRST_TIERS) if item.get_closest_marker(mark)), len(_FIRST_TIERS))
+
+    items.sort(key=tier)
+
+
 # Limits the test server is rendered with: small enough to exceed cheaply,
 # large enough for a 4000x3000 phone photo.
 TEST_MAX_PIXELS = 16_000_000

@@ -23,7 +23,7 @@ import urllib.request
 import docker_engine
 import pytest
 from helpers import post_image
-from test_pipeline import changed_tasks, http_status
+from test_pipeline import changed_tasks, http_status, only_model_touched, served_instance_counts
 
 from provision import sample_images
 from provision.background import port_is_free
@@ -126,14 +126,14 @@ def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab,
     assert {name: started_at(name) for name in (triton, api)} == before
 
     # A changed model config is loaded into the running Triton container: no restart, no build.
-    lab.extra_env["FABRIC_LAB_MODELS_MAX_PIXELS"] = "30000000"
+    lab.extra_env["FABRIC_LAB_MODELS_INSTANCES_PER_GPU"] = "2"
     third = changed_tasks(lab.fab("deploy").stdout)
-    assert "Copy the models that changed (food_classifier)" in third
-    assert "Load the changed models (food_classifier)" in third
+    assert "Copy the models that changed (multigpu_food_classifier)" in third
+    assert "Load the changed models (multigpu_food_classifier)" in third
     assert not [line for line in third if line.startswith(("Restart", "Build", "Start"))], third
+    assert only_model_touched("multigpu_food_classifier", third), "the other models' configs did not change"
     assert {name: started_at(name) for name in (triton, api)} == before
-    served = json.loads(urllib.request.urlopen(f"{triton_url}/v2/models/food_classifier/config", timeout=10).read())
-    assert served["parameters"]["max_pixels"]["string_value"] == "30000000"
+    assert served_instance_counts(triton_url, "multigpu_food_classifier") == [2]
 
     assert ours()["images"], "the images deploy built are there until teardown"
     torn_down = lab.fab("teardown").stdout

@@ -139,6 +139,18 @@ def changed_tasks(output: str) -> list[str]:
     return [line.split(None, 2)[-1] for line in output.splitlines() if line.strip().startswith("changed")]
 
 
+def only_model_touched(model: str, tasks: list[str]) -> bool:
+    """No task names a model other than `model` (tasks about models end with "(MODEL)")."""
+    others = [name for name in model_names() if name != model]
+    return not [task for task in tasks if task.endswith(tuple(f"({name})" for name in others))]
+
+
+def served_instance_counts(triton_url: str, model: str) -> list[int]:
+    """The instance counts of the model's config as the running server has loaded it."""
+    with urllib.request.urlopen(f"{triton_url}/v2/models/{model}/config", timeout=10) as response:
+        return [group["count"] for group in json.loads(response.read())["instance_group"]]
+
+
 def service_pids(lab: Lab) -> dict:
     status = lab.fab("status").stdout
     return {name: re.search(rf"{name}: .*?\(pid (\d+)\)", status).group(1) for name in ("tritonserver", "api")}
@@ -180,18 +192,17 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
         assert here.returncode != 0 and "the local target is this machine: the services are already at " in here.stderr
         assert f"http://127.0.0.1:{lab.ports['triton_http']}/v2/health/ready" in here.stderr
 
-    # A changed model config (here: an image size limit) is loaded into the running server:
-    # the models it touches are copied and loaded again, nothing is restarted.
-    lab.extra_env["FABRIC_LAB_MODELS_MAX_PIXELS"] = "30000000"
+    # A changed model config (here: the instance count of one variant) is loaded into the running
+    # server: the model it touches is copied and loaded again, no other model, nothing restarted.
+    lab.extra_env["FABRIC_LAB_MODELS_INSTANCES_PER_GPU"] = "2"
     third = changed_tasks(lab.fab("deploy").stdout)
-    assert "Copy the models that changed (food_classifier)" in third
-    assert "Load the changed models (food_classifier)" in third
+    assert "Copy the models that changed (multigpu_food_classifier)" in third
+    assert "Load the changed models (multigpu_food_classifier)" in third
     assert not [task for task in third if task.startswith("Restart")], third
-    assert not [task for task in third if task.endswith("(ensemble)")], "the ensemble's own config did not change"
+    assert only_model_touched("multigpu_food_classifier", third), "the other models' configs did not change"
     assert service_pids(lab) == before
     triton = f"http://127.0.0.1:{lab.ports['triton_http']}"
-    served = json.loads(urllib.request.urlopen(f"{triton}/v2/models/food_classifier/config", timeout=10).read())
-    assert served["parameters"]["max_pixels"]["string_value"] == "30000000"
+    assert served_instance_counts(triton, "multigpu_food_classifier") == [2]
     status = lab.fab("status").stdout
     assert all(f"{model}: READY" in status for model in model_names()), status
 

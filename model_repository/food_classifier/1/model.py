@@ -17,12 +17,21 @@ request only; the others in the batch are answered normally.
 """
 
 import json
+import os
 
-import numpy as np
-import torch
-import triton_python_backend_utils as pb_utils
-from food11 import Food11Classifier
-from serving_common import (
+# torch's OpenMP threads spin while they wait for work. Where other work shares
+# the cores (the two models of the ensemble, perf_analyzer, a second server), a
+# spinning thread keeps the one it waits for off the CPU: two servers on 2 cores
+# fell from about 60 to 1 infer/s each (README: Performance). Passive waiting
+# costs about a quarter of one model's throughput when it has the cores alone.
+# libgomp reads this once, when torch loads it: so before `import torch`.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+from food11 import Food11Classifier  # noqa: E402
+from serving_common import (  # noqa: E402
     DEFAULT_MAX_ENCODED_BYTES,
     DEFAULT_MAX_PIXELS,
     InvalidImage,
