@@ -26,7 +26,8 @@ from provision.local_triton import TritonProcess, perf_analyzer_env
 from provision.model_repo import render
 from provision.perf import write_input_json
 
-pytestmark = pytest.mark.triton
+# One worker runs them all (pytest-xdist's loadgroup): the module's two measured runs are made once.
+pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("compare")]
 
 MODEL = "batching_food_classifier"
 RUN_A, RUN_B = "20260201-120000-local", "20260202-120000-local"

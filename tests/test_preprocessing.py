@@ -75,6 +75,10 @@ from serving_common import InvalidImage, decode_image, threads_per_instance
 
 from provision import sample_images, smoke_weights
 
+# One worker runs them all (pytest-xdist's loadgroup): the weights, the classifier and the trained
+# network are loaded once.
+pytestmark = pytest.mark.xdist_group("preprocessing")
+
 MEAN_GREY_LEVELS = 0.1
 MAX_GREY_LEVELS = 3.0
 PHOTO_MEAN_GREY_LEVELS = 0.5
