@@ -8,6 +8,7 @@ installed in .runtime/triton.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -76,11 +77,20 @@ def triton_runtime() -> TritonRuntime:
     return runtime
 
 
+def rendered_repository(folder: Path, render_values: RenderValues, models: set[str] | None = None) -> Path:
+    """folder/models: the repository rendered as the tests' server has it, only `models` kept (None: all)."""
+    repository = folder / "models"
+    render(repository, render_values)
+    for model in repository.iterdir():
+        if models is not None and model.name not in models:
+            shutil.rmtree(model)
+    return repository
+
+
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory, render_values, triton_runtime):
     """A running tritonserver serving the whole rendered repository."""
-    repository = tmp_path_factory.mktemp("repo") / "models"
-    render(repository, render_values)
+    repository = rendered_repository(tmp_path_factory.mktemp("repo"), render_values)
     server = TritonProcess.on_free_ports(triton_runtime.root, repository, tmp_path_factory.mktemp("triton-run"))
     server.start(model_names(), timeout_s=300)
     yield server

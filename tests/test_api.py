@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import struct
@@ -26,6 +25,7 @@ import httpx
 import pytest
 import schemathesis
 import tritonclient.http as triton_http
+from conftest import rendered_repository
 from food11 import FOOD11_LABELS
 from helpers import classify
 from hypothesis import HealthCheck, given, settings
@@ -34,7 +34,6 @@ from PIL import Image
 from provision import config, sample_images
 from provision.background import free_ports
 from provision.local_triton import TritonProcess
-from provision.model_repo import render
 from provision.perf import write_input_json
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
@@ -317,12 +316,8 @@ def test_200_requests_at_concurrency_16_all_succeed_with_triton_answers(http, ap
 @pytest.fixture(scope="module")
 def own_triton(tmp_path_factory, render_values, triton_runtime):
     """A second tritonserver this module may stop: just the models a caption needs."""
-    repository = tmp_path_factory.mktemp("own-repo") / "models"
-    render(repository, render_values)
     keep = {"food_classifier", "conditional_captioning", "ensemble"}
-    for folder in repository.iterdir():
-        if folder.name not in keep:
-            shutil.rmtree(folder)
+    repository = rendered_repository(tmp_path_factory.mktemp("own-repo"), render_values, keep)
     server = TritonProcess.on_free_ports(triton_runtime.root, repository, tmp_path_factory.mktemp("own-triton-run"))
     server.models = sorted(keep)
     yield server

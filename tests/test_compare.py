@@ -18,12 +18,11 @@ import urllib.request
 
 import pytest
 import tritonclient.http as triton_http
-from conftest import new_lab
+from conftest import new_lab, rendered_repository
 from helpers import bench_run, classify
 
 from provision import sample_images
 from provision.local_triton import TritonProcess, perf_analyzer_env
-from provision.model_repo import render
 from provision.perf import write_input_json
 
 # One worker runs them all (pytest-xdist's loadgroup): the module's two measured runs are made once.
@@ -37,10 +36,7 @@ SLOW_QUEUE = "max_queue_delay_microseconds: 200000"
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, render_values, triton_runtime):
     """results/ with run A (the config as rendered) and run B (a 200 ms queue delay), both measured for real."""
-    rendered = tmp_path_factory.mktemp("rendered")
-    render(rendered, render_values)
-    repository = tmp_path_factory.mktemp("repo")
-    shutil.copytree(rendered / MODEL, repository / MODEL)
+    repository = rendered_repository(tmp_path_factory.mktemp("repo"), render_values, {MODEL})
     server = TritonProcess.on_free_ports(triton_runtime.root, repository, tmp_path_factory.mktemp("run"))
     server.start([MODEL], timeout_s=300)
     try:

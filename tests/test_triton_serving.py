@@ -14,11 +14,13 @@ import sys
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
+from conftest import rendered_repository
 from food11 import FOOD11_LABELS, Food11Classifier
 from helpers import classify, classify_error, counts_since, image_input, model_counts
 from PIL import Image
 
 from provision import config, sample_images
+from provision.local_triton import TritonProcess
 from provision.model_repo import model_names
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
@@ -263,9 +265,17 @@ def test_the_classify_script_prints_a_label_per_file(triton_server, reference, t
     assert done.stdout.strip() == f"{photo}: {label} ({probability:.3f})"
 
 
-def test_the_server_restarts_after_stop(triton_server, client):
-    assert triton_server.stop()
-    assert triton_server.pid() is None and not triton_server.is_ready()
-    assert not triton_server.stop(), "a second stop finds nothing to stop"
-    triton_server.start(model_names(), timeout_s=300)
-    assert classify(client, "food_classifier", [IMAGES["small-jpeg"]])
+def test_the_server_restarts_after_stop(tmp_path, render_values, triton_runtime):
+    # A server of the test's own with one model: what is tested is the process's stop and start.
+    repository = rendered_repository(tmp_path, render_values, {"food_classifier"})
+    server = TritonProcess.on_free_ports(triton_runtime.root, repository, tmp_path / "run")
+    try:
+        server.start(["food_classifier"], timeout_s=300)
+        assert server.stop()
+        assert server.pid() is None and not server.is_ready()
+        assert not server.stop(), "a second stop finds nothing to stop"
+        server.start(["food_classifier"], timeout_s=300)
+        with triton_http.InferenceServerClient(f"{server.host}:{server.http_port}") as client:
+            assert classify(client, "food_classifier", [IMAGES["small-jpeg"]])
+    finally:
+        server.stop()
