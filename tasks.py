@@ -8,6 +8,8 @@ pipeline's stages.
 
 from __future__ import annotations
 
+import sys
+
 from invoke import Exit, task
 
 from provision import interrupts, inventory, targets
@@ -34,25 +36,32 @@ def _state():
         raise Exit(f"error: {error}") from None
 
 
+# The exit code of a command that Ctrl-C or SIGTERM ended (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
+
+# The flags of `fab provision`, which `fab run` takes too.
+PROVISION_HELP = {
+    "target": "local (this machine, the default), ssh (your hosts) or chameleon (a P100 node)",
+    "host": "ssh target: a host name or address (repeat or comma-separate for several)",
+    "user": "ssh target: login user (default: your user name)",
+    "port": "ssh target: SSH port (default 22)",
+    "key": "ssh and chameleon targets: private key file",
+    "python": "ssh target: the host's Python for Ansible (default: discovered)",
+    "serving_venv": "reuse this existing virtualenv on the host for serving (default: create one)",
+    "runtime": "process (services from a virtualenv) or docker (containers on GPU hosts; the chameleon default)",
+    "site": "chameleon: site (default lab.chameleon.site, CHI@TACC)",
+    "node_type": "chameleon: node type (default gpu_p100)",
+    "image": "chameleon: image (default CC-Ubuntu24.04-CUDA)",
+    "hours": "chameleon: lease length in hours (default 3)",
+    "count": "chameleon: number of nodes (default 1)",
+    "key_name": "chameleon: key pair name (default derived from your user; uploaded if missing)",
+    "public_key": "chameleon: public key to upload (default ~/.ssh/id_rsa.pub)",
+}
+
+
 @task(
     iterable=["host"],
-    help={
-        "target": "local (this machine, the default), ssh (your hosts) or chameleon (a P100 node)",
-        "host": "ssh target: a host name or address (repeat or comma-separate for several)",
-        "user": "ssh target: login user (default: your user name)",
-        "port": "ssh target: SSH port (default 22)",
-        "key": "ssh and chameleon targets: private key file",
-        "python": "ssh target: the host's Python for Ansible (default: discovered)",
-        "serving_venv": "reuse this existing virtualenv on the host for serving (default: create one)",
-        "runtime": "process (services from a virtualenv) or docker (containers on GPU hosts; the chameleon default)",
-        "site": "chameleon: site (default lab.chameleon.site, CHI@TACC)",
-        "node_type": "chameleon: node type (default gpu_p100)",
-        "image": "chameleon: image (default CC-Ubuntu24.04-CUDA)",
-        "hours": "chameleon: lease length in hours (default 3)",
-        "count": "chameleon: number of nodes (default 1)",
-        "key_name": "chameleon: key pair name (default derived from your user; uploaded if missing)",
-        "public_key": "chameleon: public key to upload (default ~/.ssh/id_rsa.pub)",
-    },
+    help=PROVISION_HELP,
 )
 def provision(
     c,
@@ -109,7 +118,7 @@ def provision(
         raise Exit(
             f"interrupted: {held}. `fab provision --target {target}` continues where it stopped, "
             "`fab teardown` releases what exists",
-            code=130,
+            code=INTERRUPTED,
         ) from None
     print(f"inventory: {inventory.render(new_state)}")
     print("next: fab deploy")
@@ -143,7 +152,7 @@ def _forget_empty_chameleon_state() -> None:
 )
 def deploy(c, check=False, publish=False):
     """Set up the hosts and start Triton and the API (a second run changes nothing)."""
-    from provision.ansible import PlaybookError
+    from provision.ansible import PlaybookError, PlaybookInterrupted
     from provision.deploy import deploy as run_deploy
 
     state = _state()
@@ -154,6 +163,8 @@ def deploy(c, check=False, publish=False):
               "anyone on the internet can reach them")  # fmt: skip
     try:
         result = run_deploy(settings, state, print, check=check)
+    except PlaybookInterrupted as error:
+        raise Exit(f"{error}\n`fab deploy` continues where it stopped", code=INTERRUPTED) from None
     except (PlaybookError, FileNotFoundError) as error:
         raise Exit(f"error: {error}\n\nfix it and run `fab deploy` again (it continues where it stopped)") from None
     if check:
@@ -171,17 +182,127 @@ def deploy(c, check=False, publish=False):
 )
 def bench(c, quick=False, model=None):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
-    from provision.ansible import PlaybookError
+    from provision.ansible import PlaybookError, PlaybookInterrupted
     from provision.bench import BenchError
     from provision.bench import bench as run_bench
 
     state = _state()
     try:
         results = run_bench(_settings(c), state, models=model or None, quick=quick, say=print)
+    except PlaybookInterrupted as error:
+        raise Exit(str(error), code=INTERRUPTED) from None
     except (BenchError, PlaybookError) as error:
         raise Exit(f"error: {error}") from None
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
+    return results
+
+
+@task(
+    iterable=["host", "model"],
+    help={
+        **PROVISION_HELP,
+        "quick": "short measurements (a smoke run)",
+        "model": "benchmark only this model (repeatable)",
+        "keep": "leave the deployment running afterwards (no teardown)",
+    },
+)
+def run(
+    c,
+    target="",
+    host=None,
+    user="",
+    port=22,
+    key="",
+    python="",
+    serving_venv="",
+    runtime="",
+    site="",
+    node_type="",
+    image="",
+    hours=0.0,
+    count=0,
+    key_name="",
+    public_key="",
+    quick=False,
+    model=None,
+    keep=False,
+):
+    """provision -> deploy -> bench -> teardown in one command; teardown runs after a failure or Ctrl-C too.
+
+    Unless --keep, teardown runs however the other stages end: success, an
+    error, Ctrl-C or SIGTERM (a second Ctrl-C during teardown is refused: it
+    finishes). The exit code is non-zero when a stage failed, and the last
+    lines name it. A bench that did not finish leaves its folder marked partial.
+    """
+    from provision.bench import results_root
+
+    if state_module.load() is not None:
+        raise Exit(
+            "error: something is already provisioned, and `fab run` tears down what it ran on: "
+            "run `fab teardown` first, or `fab deploy` and `fab bench` on what is there"
+        )
+    provision_options = {
+        "target": target, "host": host, "user": user, "port": port, "key": key, "python": python,
+        "serving_venv": serving_venv, "runtime": runtime, "site": site, "node_type": node_type, "image": image,
+        "hours": hours, "count": count, "key_name": key_name, "public_key": public_key,
+    }  # fmt: skip
+    stages = {
+        "provision": lambda: provision(c, **provision_options),
+        "deploy": lambda: deploy(c),
+        "bench": lambda: bench(c, quick=quick, model=model),
+    }
+    results_before = set(_run_folders(results_root(_settings(c))))
+    failed, message, code, results = None, "", 0, None
+    stage = "provision"
+    try:
+        with interrupts.handled():
+            for stage, step in stages.items():
+                print(f"== fab run: {stage}", flush=True)
+                results = step()
+    except Exit as error:
+        failed, message, code = stage, str(error.message or "failed"), error.code or 1
+        print(message, file=sys.stderr, flush=True)  # the stage's own words (and its log), before the teardown's
+        if code == INTERRUPTED:
+            message = "interrupted (Ctrl-C or SIGTERM)"
+    except KeyboardInterrupt:
+        failed, message, code = stage, "interrupted (Ctrl-C or SIGTERM)", INTERRUPTED
+    partial = [
+        folder for folder in set(_run_folders(results_root(_settings(c)))) - results_before
+        if not (folder / "summary.json").exists()
+    ]  # fmt: skip
+    for folder in partial:
+        (folder / "PARTIAL.md").write_text(f"# Partial run\n\nThe bench did not finish: {message}\n")
+
+    torn_down = "kept (--keep): `fab teardown` removes it"
+    if not keep:
+        print("== fab run: teardown", flush=True)
+        with interrupts.refused("fab run: teardown is finishing; it is not interrupted"):
+            try:
+                teardown(c)
+                torn_down = "torn down"
+            except Exit as error:
+                torn_down = f"teardown failed: {error.message}; run `fab teardown` again"
+                code = code or 1
+
+    if results is not None:
+        print(f"fab run: results in {results}")
+    for folder in partial:
+        print(f"fab run: partial results in {folder} (PARTIAL.md)")
+    if failed:
+        print(f"fab run: failed at {failed}: {message.splitlines()[0] if message else ''}")
+        print(f"fab run: the deployment was {torn_down}")
+        raise Exit(f"fab run: stage {failed} failed (exit {code}); its message is above", code=code)
+    print(f"fab run: done; the deployment was {torn_down}")
+    if code:
+        raise Exit(code=code)
+
+
+def _run_folders(root) -> list:
+    """The bench run folders under results/ (compare/ holds comparisons, not runs)."""
+    if not root.exists():
+        return []
+    return [folder for folder in root.iterdir() if folder.is_dir() and folder.name != "compare"]
 
 
 @task(help={"purge": "forget the local state even if cleaning the hosts or the cloud fails"})

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provision import interrupts
 from provision.config import PROJECT_ROOT
 from provision.inventory import inventory_file
 from provision.state import state_file
@@ -25,6 +26,10 @@ REPORT_TASK_PREFIX = "Report "
 
 class PlaybookError(RuntimeError):
     """A playbook failed; str() says where and why."""
+
+
+class PlaybookInterrupted(PlaybookError):
+    """Ctrl-C or SIGTERM cancelled the playbook (ansible-runner stops it cleanly)."""
 
 
 @dataclass
@@ -132,10 +137,15 @@ def run_playbook(
             "ANSIBLE_DEPRECATION_WARNINGS": "False",
         },
         event_handler=progress,
+        # ansible-runner cancels the playbook on SIGINT/SIGTERM with a handler of its own, except
+        # where the caller refuses signals (interrupts.refused: fab run's teardown must finish).
+        cancel_callback=(lambda: False) if interrupts.refusing() else None,
         quiet=True,
         rotate_artifacts=20,  # keep the logs of the last 20 runs
     )
     log = Path(runner.config.artifact_dir) / "stdout"
+    if runner.status == "canceled":
+        raise PlaybookInterrupted(f"{playbook} interrupted (Ctrl-C or SIGTERM); log: {log}")
     if runner.status != "successful" or progress.failures:
         details = "\n\n".join(progress.failures) or f"ansible-runner status: {runner.status}"
         raise PlaybookError(f"{playbook} failed.\n{details}\n\nfull log: {log}")

@@ -16,6 +16,7 @@ the code from a thread) `handled()` changes nothing.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _requested = threading.Event()
+_refusing = threading.Event()  # within refused(): playbooks must not be cancelled by a signal either
 
 
 def _handler(signum, frame) -> None:
@@ -50,3 +52,28 @@ def raise_if_requested() -> None:
     """KeyboardInterrupt if a signal came within `handled()`, even one whose exception was lost."""
     if _requested.is_set():
         raise KeyboardInterrupt
+
+
+@contextmanager
+def refused(message: str) -> Iterator[None]:
+    """Within: SIGINT and SIGTERM print `message` and are otherwise ignored (work that must finish)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def refuse(signum, frame) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    previous = {sig: signal.signal(sig, refuse) for sig in SIGNALS}
+    _refusing.set()
+    try:
+        yield
+    finally:
+        _refusing.clear()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def refusing() -> bool:
+    """True within `refused()`."""
+    return _refusing.is_set()

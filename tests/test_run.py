@@ -1,0 +1,87 @@
+"""`fab run`: provision -> deploy -> bench -> teardown in one command, with teardown guaranteed.
+
+On the local target: a run that succeeds, one whose deploy fails, and one
+interrupted (SIGINT) during the bench, with a second SIGINT during its
+teardown. Each ends with nothing of ours running or listening and the state
+cleared; the failures exit non-zero and name their stage.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from fab_runner import our_processes
+from test_pipeline import printed_lines
+
+from provision.background import port_is_free
+
+pytestmark = pytest.mark.deploy
+
+
+def assert_nothing_left(lab, tmp_path) -> None:
+    assert lab.state() is None, "the state is cleared"
+    assert our_processes(tmp_path / "deploy-local") == [], "a process of ours survived the run"
+    assert not (tmp_path / "deploy-local").exists(), "teardown removes what deploy put on the host"
+    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
+
+
+def test_a_run_provisions_deploys_benchmarks_and_tears_down(lab, tmp_path):
+    done = lab.fab("run", "--target", "local", "--quick", "--model", "food_classifier", timeout=1200)
+    stages = re.findall(r"^== fab run: (\w+)$", done.stdout, flags=re.MULTILINE)
+    assert stages == ["provision", "deploy", "bench", "teardown"]
+    results = re.search(r"fab run: results in (\S+)", done.stdout).group(1)
+    assert os.path.exists(f"{results}/summary.json") and os.path.exists(f"{results}/report.md")
+    assert done.stdout.rstrip().endswith("fab run: done; the deployment was torn down")
+    assert_nothing_left(lab, tmp_path)
+
+
+def test_a_failed_deploy_is_named_and_torn_down(lab, tmp_path):
+    lab.extra_env["FABRIC_LAB_FOOD11_WEIGHTS"] = str(tmp_path / "no-such-food11.pth")
+    done = lab.fab("run", "--target", "local", "--quick", check=False, timeout=1200)
+    assert done.returncode != 0
+    assert "fab run: failed at deploy" in done.stdout and "fab run: stage deploy failed" in done.stderr
+    assert "no-such-food11.pth" in done.stdout + done.stderr, "the deploy's own message says what is wrong"
+    assert "== fab run: bench" not in done.stdout
+    assert "fab run: the deployment was torn down" in done.stdout
+    assert_nothing_left(lab, tmp_path)
+
+
+def test_sigint_during_the_bench_tears_down_and_keeps_the_partial_results(lab, tmp_path):
+    run = lab.popen_fab("run", "--target", "local", "--quick")
+    try:
+        lines, output = printed_lines(run), ""
+        while "== fab run: bench" not in output:
+            line = lines.get(timeout=600)
+            assert line is not None, f"fab run ended before the bench:\n{output}"
+            output += line
+        time.sleep(5)  # perf_analyzer is measuring
+        os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        while "== fab run: teardown" not in output:
+            line = lines.get(timeout=120)
+            assert line is not None, f"fab run ended without a teardown:\n{output}"
+            output += line
+        os.killpg(run.pid, signal.SIGINT)  # a second Ctrl-C: refused, teardown finishes
+        output += "".join(iter(lambda: lines.get(timeout=300), None))
+        assert run.wait(timeout=60) == 130
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert "fab run: teardown is finishing; it is not interrupted" in output
+    assert "fab run: failed at bench: interrupted (Ctrl-C or SIGTERM)" in output
+    assert "fab run: the deployment was torn down" in output
+    partial = re.search(r"fab run: partial results in (\S+) \(PARTIAL\.md\)", output).group(1)
+    assert "The bench did not finish" in open(f"{partial}/PARTIAL.md").read()
+    assert_nothing_left(lab, tmp_path)
+
+
+def test_a_run_refuses_to_start_where_something_is_provisioned(lab, tmp_path):
+    lab.fab("provision", "--target", "local")
+    refused = lab.fab("run", "--target", "local", check=False)
+    assert refused.returncode != 0 and "run `fab teardown` first" in refused.stderr
+    assert lab.state() is not None, "what was there is left as it was"
+    lab.fab("teardown")
