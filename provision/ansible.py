@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +123,33 @@ def run_playbook(
     private = state_file().parent / "ansible"
     private.mkdir(parents=True, exist_ok=True)
     progress = _Progress(say)
+    # ansible-runner installs SIGINT/SIGTERM handlers of its own and leaves them: put the caller's back.
+    handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    try:
+        runner = _run(ansible_runner, private, playbook, extravars, check, progress)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    log = Path(runner.config.artifact_dir) / "stdout"
+    if runner.status == "canceled":
+        raise PlaybookInterrupted(f"{playbook} interrupted (Ctrl-C or SIGTERM); log: {log}")
+    if runner.status != "successful" or progress.failures:
+        details = "\n\n".join(progress.failures) or f"ansible-runner status: {runner.status}"
+        raise PlaybookError(f"{playbook} failed.\n{details}\n\nfull log: {log}")
+    stats = runner.stats or {}
+    return PlaybookResult(
+        playbook=playbook,
+        changed=dict(stats.get("changed", {})),
+        ok=dict(stats.get("ok", {})),
+        reports=progress.reports,
+        log=log,
+    )
+
+
+def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: bool, progress):
     venv_bin = str(Path(sys.executable).parent)  # ansible-playbook lives beside our Python
-    runner = ansible_runner.run(
+    return ansible_runner.run(
         private_data_dir=str(private),
         playbook=str(PLAYBOOKS / playbook),
         inventory=str(inventory_file()),
@@ -142,18 +169,4 @@ def run_playbook(
         cancel_callback=(lambda: False) if interrupts.refusing() else None,
         quiet=True,
         rotate_artifacts=20,  # keep the logs of the last 20 runs
-    )
-    log = Path(runner.config.artifact_dir) / "stdout"
-    if runner.status == "canceled":
-        raise PlaybookInterrupted(f"{playbook} interrupted (Ctrl-C or SIGTERM); log: {log}")
-    if runner.status != "successful" or progress.failures:
-        details = "\n\n".join(progress.failures) or f"ansible-runner status: {runner.status}"
-        raise PlaybookError(f"{playbook} failed.\n{details}\n\nfull log: {log}")
-    stats = runner.stats or {}
-    return PlaybookResult(
-        playbook=playbook,
-        changed=dict(stats.get("changed", {})),
-        ok=dict(stats.get("ok", {})),
-        reports=progress.reports,
-        log=log,
     )
