@@ -242,11 +242,8 @@ def run(
             "error: something is already provisioned, and `fab run` tears down what it ran on: "
             "run `fab teardown` first, or `fab deploy` and `fab bench` on what is there"
         )
-    provision_options = {
-        "target": target, "host": host, "user": user, "port": port, "key": key, "python": python,
-        "serving_venv": serving_venv, "runtime": runtime, "site": site, "node_type": node_type, "image": image,
-        "hours": hours, "count": count, "key_name": key_name, "public_key": public_key,
-    }  # fmt: skip
+    # provision's own flags, as given (PROVISION_HELP names exactly them)
+    provision_options = {name: value for name, value in locals().items() if name in PROVISION_HELP}
     stages = {
         "provision": lambda: provision(c, **provision_options),
         "deploy": lambda: deploy(c),
