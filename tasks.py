@@ -8,6 +8,8 @@ pipeline's stages.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
 
 from invoke import Exit, task
@@ -43,10 +45,10 @@ INTERRUPTED = 130
 PROVISION_HELP = {
     "target": "local (this machine, the default), ssh (your hosts) or chameleon (a P100 node)",
     "host": "ssh target: a host name or address (repeat or comma-separate for several)",
-    "user": "ssh target: login user (default: your user name)",
+    "user": "ssh and chameleon targets: login user (ssh: your user name; chameleon: lab.chameleon.ssh_user, cc)",
     "port": "ssh target: SSH port (default 22)",
     "key": "ssh and chameleon targets: private key file",
-    "python": "ssh target: the host's Python for Ansible (default: discovered)",
+    "python": "ssh and chameleon targets: the host's Python for Ansible (default: discovered)",
     "serving_venv": "reuse this existing virtualenv on the host for serving (default: create one)",
     "runtime": "process (services from a virtualenv) or docker (containers on GPU hosts; the chameleon default)",
     "site": "chameleon: site (default lab.chameleon.site, CHI@TACC)",
@@ -185,13 +187,14 @@ def bench(c, quick=False, model=None):
     from provision.ansible import PlaybookError, PlaybookInterrupted
     from provision.bench import BenchError
     from provision.bench import bench as run_bench
+    from provision.lease_guard import LeaseTooShort
 
     state = _state()
     try:
         results = run_bench(_settings(c), state, models=model or None, quick=quick, say=print)
     except PlaybookInterrupted as error:
         raise Exit(str(error), code=INTERRUPTED) from None
-    except (BenchError, PlaybookError) as error:
+    except (BenchError, PlaybookError, LeaseTooShort) as error:
         raise Exit(f"error: {error}") from None
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
@@ -252,35 +255,54 @@ def run(
     results_before = set(_run_folders(results_root(_settings(c))))
     failed, message, code, results = None, "", 0, None
     stage = "provision"
-    try:
-        with interrupts.handled():
+    with interrupts.handled(), contextlib.ExitStack() as finishing:
+        # Once the stages have ended, however they ended, the run finishes: a signal
+        # is refused from the first statement on. Entered inside handled(), so no
+        # moment is left where Python's own handler turns a Ctrl-C into exit 1.
+        finish = functools.partial(finishing.enter_context, interrupts.refused(FINISHING))
+        try:
             for stage, step in stages.items():
                 print(f"== fab run: {stage}", flush=True)
                 results = step()
-    except Exit as error:
-        failed, message, code = stage, str(error.message or "failed"), error.code or 1
-        print(message, file=sys.stderr, flush=True)  # the stage's own words (and its log), before the teardown's
-        if code == INTERRUPTED:
-            message = "interrupted (Ctrl-C or SIGTERM)"
-    except KeyboardInterrupt:
-        failed, message, code = stage, "interrupted (Ctrl-C or SIGTERM)", INTERRUPTED
+        except Exit as error:
+            finish()
+            failed, message, code = stage, str(error.message or "failed"), error.code or 1
+            print(message, file=sys.stderr, flush=True)  # the stage's own words (and its log), before the teardown's
+            if code == INTERRUPTED:
+                message = "interrupted (Ctrl-C or SIGTERM)"
+        except KeyboardInterrupt:
+            finish()
+            failed, message, code = stage, "interrupted (Ctrl-C or SIGTERM)", INTERRUPTED
+        else:
+            finish()
+        return _finish_run(c, keep, results, results_before, failed, message, code)
+
+
+FINISHING = "fab run: teardown is finishing; it is not interrupted"
+
+
+def _finish_run(c, keep: bool, results, results_before: set, failed: str | None, message: str, code: int) -> None:
+    """fab run after its stages: mark a partial bench, tear down unless --keep, say how it ended."""
+    from provision.bench import results_root
+
+    # A bench that did not finish has no summary.json; one the lease stopped wrote its own PARTIAL.md.
     partial = [
         folder for folder in set(_run_folders(results_root(_settings(c)))) - results_before
-        if not (folder / "summary.json").exists()
+        if not (folder / "summary.json").exists() or (folder / "PARTIAL.md").exists()
     ]  # fmt: skip
     for folder in partial:
-        (folder / "PARTIAL.md").write_text(f"# Partial run\n\nThe bench did not finish: {message}\n")
+        if not (folder / "PARTIAL.md").exists():
+            (folder / "PARTIAL.md").write_text(f"# Partial run\n\nThe bench did not finish: {message}\n")
 
     torn_down = "kept (--keep): `fab teardown` removes it"
     if not keep:
         print("== fab run: teardown", flush=True)
-        with interrupts.refused("fab run: teardown is finishing; it is not interrupted"):
-            try:
-                teardown(c)
-                torn_down = "torn down"
-            except Exit as error:
-                torn_down = f"teardown failed: {error.message}; run `fab teardown` again"
-                code = code or 1
+        try:
+            teardown(c)
+            torn_down = "torn down"
+        except Exit as error:
+            torn_down = f"teardown failed: {error.message}; run `fab teardown` again"
+            code = code or 1
 
     if results is not None:
         print(f"fab run: results in {results}")
@@ -340,6 +362,12 @@ def _print_chameleon_status(c, state) -> None:
         )
     for server in report.get("servers", []):
         print(f"server {server['name']}: {server['status']}, floating IP {server.get('floating_ip')}")
+    left = lease.get("time_left_s")
+    if left is not None and left < 3600:
+        print(
+            f"warning: the lease ends in {lease.get('time_left')}: when it ends the node and what is on it go; "
+            "run `fab extend --hours 1` to keep it"
+        )
 
 
 @task(help={"hours": "hours to add to the lease"})

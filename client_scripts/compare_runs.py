@@ -100,6 +100,10 @@ def facts(run: dict) -> dict[str, str]:
         "profile": f"{profile.get('name')} (concurrency {profile.get('concurrency_range')}, {windows}, "
         f"stability {profile.get('stability_percentage', '?')} %)",
         "input": str(run.get("input_encoding", "base64")),
+        # A bench the lease's end stopped early: its missing models are not a regression.
+        "complete": (
+            f"partial (not measured: {', '.join(run['partial']['not_measured'])})" if run.get("partial") else "complete"
+        ),
     }
 
 

@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,14 +127,16 @@ def run_playbook(
     progress = _Progress(say)
     # ansible-runner installs SIGINT/SIGTERM handlers of its own and leaves them: put the caller's back.
     handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
+    mark = f"lab_playbook_run={uuid.uuid4().hex}"  # on the command line of this run's every Ansible process
     try:
-        runner = _run(ansible_runner, private, playbook, extravars, check, progress)
+        runner = _run(ansible_runner, private, playbook, extravars, check, progress, mark)
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
     log = Path(runner.config.artifact_dir) / "stdout"
     if runner.status == "canceled":
+        _end_leftovers(mark)
         raise PlaybookInterrupted(f"{playbook} interrupted (Ctrl-C or SIGTERM); log: {log}")
     if runner.status != "successful" or progress.failures:
         details = "\n\n".join(progress.failures) or f"ansible-runner status: {runner.status}"
@@ -147,14 +151,14 @@ def run_playbook(
     )
 
 
-def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: bool, progress):
+def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: bool, progress, mark: str):
     venv_bin = str(Path(sys.executable).parent)  # ansible-playbook lives beside our Python
     return ansible_runner.run(
         private_data_dir=str(private),
         playbook=str(PLAYBOOKS / playbook),
         inventory=str(inventory_file()),
         extravars=extravars,
-        cmdline="--check" if check else None,
+        cmdline=f"{'--check ' if check else ''}--extra-vars {mark}",
         envvars={
             "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")]),
             "ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"),
@@ -170,3 +174,50 @@ def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: b
         quiet=True,
         rotate_artifacts=20,  # keep the logs of the last 20 runs
     )
+
+
+def _end_leftovers(mark: str, grace: float = 5.0) -> None:
+    """End what a cancelled playbook left running, and wait until it is gone.
+
+    ansible-runner cancels by killing ansible-playbook's process group, but
+    Ansible's workers run in sessions of their own and keep waiting on their
+    task (a perf_analyzer, a server start), their command lines naming the
+    deploy folder. They are found by the run's mark, their children with them.
+    """
+    table = _process_table()
+    family = {pid for pid, (_, _, cmdline) in table.items() if mark in cmdline and pid != os.getpid()}
+    grown = True
+    while grown:  # the children, grandchildren... of the marked processes
+        children = {pid for pid, (parent, _, _) in table.items() if parent in family} - family
+        family |= children
+        grown = bool(children)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in family:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            # A zombie counts as gone: its parent (or, here, a PID 1 that does not reap) holds only its number.
+            table = _process_table()
+            family = {pid for pid in family if pid in table and table[pid][1] != "Z"}
+            if not family:
+                return
+            time.sleep(0.1)
+
+
+def _process_table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, state letter, command line) of this machine's processes, from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended while we looked
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": the name may hold spaces
+        table[int(entry.name)] = (int(fields[1]), fields[0], cmdline)
+    return table

@@ -13,13 +13,15 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
-from provision import config, sample_images
+from provision import config, sample_images, targets
 from provision import state as state_module
 from provision.ansible import run_playbook
 from provision.background import reachable_address
 from provision.deploy import docker_environment
+from provision.lease_guard import check_bench_fits, hours_to_extend, next_model_fits
 from provision.model_repo import model_names
 from provision.perf import PerfRun, input_encodings
 from provision.report import write_report
@@ -96,6 +98,12 @@ def bench(
         raise BenchError(f"lab.bench.input_encoding is {encoding!r}: expected one of {', '.join(input_encodings())}")
     profile_name = "quick" if quick else "full"
     profile = dict(settings["bench"][profile_name])
+    target = targets.get(state.target)
+    end = target.deadline(state, settings)
+    lease = None
+    if end is not None:  # before anything is written: a bench that cannot finish does not start
+        lease = _Lease(target, state, settings, end)
+        check_bench_fits(end, len(models), profile, profile_name, lease.margin_minutes, _now())
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{state.target}"
     results = results_root(settings) / run_id
     for host in state.hosts:  # where the playbook saves each host's results
@@ -108,31 +116,114 @@ def bench(
     ports = state.deploy["ports"]
     runs = perf_runs(models, *triton_endpoints(state.runtime, bind, ports), profile=profile)
     say(f"benchmarking {len(models)} model(s) at concurrency {profile['concurrency_range']} ({profile_name} profile)")
-    run_playbook(
-        "bench.yml",
-        {
-            "lab_run_id": run_id,
-            "lab_docker_environment": docker_environment(settings),
-            "lab_runtime": state.runtime,
-            "lab_hosts": state.deploy["hosts"],
-            "lab_bind_address": bind,
-            "lab_ports": ports,
-            "lab_models": model_names(),
-            "lab_results_dir": str(results),
-            "lab_input_image": str(image),
-            "lab_bench_input_encoding": encoding,
-            "lab_bench_runs": [{"model": run.model, "args": run.command()[1:]} for run in runs],
-        },
-        say,
-    )
+    playbook_vars = {
+        "lab_run_id": run_id,
+        "lab_docker_environment": docker_environment(settings),
+        "lab_runtime": state.runtime,
+        "lab_hosts": state.deploy["hosts"],
+        "lab_bind_address": bind,
+        "lab_ports": ports,
+        "lab_models": model_names(),
+        "lab_results_dir": str(results),
+        "lab_input_image": str(image),
+        "lab_bench_input_encoding": encoding,
+    }
+    if lease is None:
+        run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": [_playbook_run(run) for run in runs]}, say)
+        measured = runs
+    else:
+        measured = _bench_within_the_lease(lease, runs, playbook_vars, say)
+    partial = None
+    if len(measured) < len(runs):
+        not_measured = [run.model for run in runs[len(measured) :]]
+        partial = {"reason": "the lease ends soon", "not_measured": not_measured}
     write_report(
         results,
         run_id=run_id,
         target=state.target,
         profile={"name": profile_name, **profile},
         input_encoding=encoding,
-        commands={run.model: shlex.join(run.command()) for run in runs},
+        commands={run.model: shlex.join(run.command()) for run in measured},
         smoke_weights=bool(state.deploy.get("smoke_weights")),
         git=_git_commit(),
+        partial=partial,
     )
+    if partial:
+        left = lease.time_left_s()
+        raise BenchError(
+            f"stopped before the lease's end ({_minutes(left)} left, margin {lease.margin_minutes:g} min): "
+            f"measured {', '.join(run.model for run in measured) or 'nothing'}; not measured: "
+            f"{', '.join(partial['not_measured'])}.\nThe partial results are in {results} (PARTIAL.md).\n"
+            f"To measure the rest: `fab extend --hours {lease.hours_for(len(partial['not_measured']))}`, then "
+            f"`fab bench{' --quick' if quick else ''} "
+            + " ".join(f"--model={model}" for model in partial["not_measured"])
+            + "`"
+        )
     return results
+
+
+def _playbook_run(run: PerfRun) -> dict:
+    return {"model": run.model, "args": run.command()[1:]}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{max(0, round(seconds / 60))} min"
+
+
+class _Lease:
+    """The deadline of the hosts, asked of the target again before each model."""
+
+    def __init__(self, target, state: state_module.State, settings: dict, end: datetime):
+        self.target, self.state, self.settings, self.end = target, state, settings, end
+        self.margin_minutes = float(settings["bench"].get("lease_margin_minutes", 15))
+        self.longest_model_s = 0.0  # measured by the bench, model by model
+
+    def refresh(self) -> datetime:
+        self.end = self.target.deadline(self.state, self.settings) or self.end
+        return self.end
+
+    def time_left_s(self) -> float:
+        return (self.end - _now()).total_seconds()
+
+    def hours_for(self, models: int) -> int:
+        """`fab extend --hours N` that lets `models` more models run."""
+        return hours_to_extend(models * self.longest_model_s + self.margin_minutes * 60 - self.time_left_s())
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _bench_within_the_lease(lease: _Lease, runs: list[PerfRun], playbook_vars: dict, say) -> list[PerfRun]:
+    """One playbook run per model while the next one ends before the lease's margin; the runs measured.
+
+    The first model was checked with the others before anything started; each
+    later one is checked against the lease's end as the cloud says now and the
+    longest model so far. Whatever happens, the last playbook run finishes the
+    bench on the hosts (facts, configs, the folder removed).
+    """
+    measured: list[PerfRun] = []
+    for index, run in enumerate(runs):
+        if index and not next_model_fits(lease.refresh(), lease.longest_model_s, lease.margin_minutes, _now()):
+            say(
+                f"the lease ends {lease.end.isoformat(timespec='minutes')}, in {_minutes(lease.time_left_s())}: "
+                f"{run.model} (about {_minutes(lease.longest_model_s)}) would end inside the {lease.margin_minutes:g} min "
+                "margin; stopping here"
+            )
+            run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": [], "lab_bench_prepare": False}, say)
+            return measured
+        started = time.monotonic()
+        last = index == len(runs) - 1
+        run_playbook(
+            "bench.yml",
+            {
+                **playbook_vars,
+                "lab_bench_runs": [_playbook_run(run)],
+                "lab_bench_prepare": index == 0,
+                "lab_bench_finish": last,
+            },
+            say,
+        )
+        lease.longest_model_s = max(lease.longest_model_s, time.monotonic() - started)
+        measured.append(run)
+    return measured

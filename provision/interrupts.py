@@ -56,7 +56,11 @@ def raise_if_requested() -> None:
 
 @contextmanager
 def refused(message: str) -> Iterator[None]:
-    """Within: SIGINT and SIGTERM print `message` and are otherwise ignored (work that must finish)."""
+    """Within: SIGINT and SIGTERM print `message` and are otherwise ignored (work that must finish).
+
+    Entered inside `handled()`, it must also be left inside it: `handled()` puts
+    back the handlers it found when it ends.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -65,6 +69,9 @@ def refused(message: str) -> Iterator[None]:
         print(message, file=sys.stderr, flush=True)
 
     previous = {sig: signal.signal(sig, refuse) for sig in SIGNALS}
+    # A signal that `handled()` already answered is what led here (fab run's Ctrl-C before
+    # its teardown): forgotten, so the waiting loops of the work that must finish go on.
+    _requested.clear()
     _refusing.set()
     try:
         yield

@@ -197,6 +197,8 @@ def _gpu_metrics_line(summary: dict) -> str:
 
 def _markdown(summary: dict, host_name: str) -> str:
     lines = [f"# Benchmark {summary['run_id']}", ""]
+    if summary.get("partial"):
+        lines += [f"> **PARTIAL**: {_partial_line(summary['partial'])}", ""]
     if summary["smoke_weights"]:
         lines += [
             "> **SMOKE WEIGHTS**: the models ran with randomly initialised weights. Throughput and latency",
@@ -292,8 +294,13 @@ def write_report(
     smoke_weights: bool,
     git: dict,
     input_encoding: str = "raw",
+    partial: dict | None = None,
 ) -> dict:
-    """Read hosts/*/ and write summary.json, report.md and the plots; return the summary."""
+    """Read hosts/*/ and write summary.json, report.md and the plots; return the summary.
+
+    `partial` ({"reason", "not_measured"}) marks a bench that stopped before
+    its last model: summary.json keeps it, report.md and PARTIAL.md say it.
+    """
     hosts = {folder.name: _load_host(folder) for folder in sorted((results / "hosts").iterdir()) if folder.is_dir()}
     if not hosts:
         raise ValueError(f"no host results under {results / 'hosts'}")
@@ -312,6 +319,7 @@ def write_report(
         "hosts": hosts,
         "commands": commands,
         "git": git,
+        "partial": partial,
         "p100_comparison": _has_p100(hosts[first]["facts"]),
         # The metrics themselves are in the rows ("gpus"); this says whether there are any, and their units.
         "gpu_metrics": {"collected": bool(gpu_uuids(models)), "gpus": gpu_uuids(models), "units": GPU_UNITS},
@@ -320,4 +328,10 @@ def write_report(
     summary["plots"] = _plots(results, models, title)
     (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (results / "report.md").write_text(_markdown(summary, first))
+    if partial:
+        (results / "PARTIAL.md").write_text(f"# Partial run\n\n{_partial_line(partial)}\n")
     return summary
+
+
+def _partial_line(partial: dict) -> str:
+    return f"The bench stopped early ({partial['reason']}); not measured: {', '.join(partial['not_measured'])}."

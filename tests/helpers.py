@@ -47,6 +47,23 @@ def model_counts(client, model: str) -> tuple[int, int]:
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
+def settled_counts(client, model: str, quiet: float = 0.2, timeout: float = 10.0) -> tuple[int, int]:
+    """model_counts once they stop moving: the baseline for counts_since.
+
+    Triton records a batch's statistics just after it has sent its responses,
+    so counts read straight after an earlier test's answers can still miss
+    that test's last batch, which would then be counted as this test's.
+    """
+    deadline = time.monotonic() + timeout
+    counts = model_counts(client, model)
+    while True:
+        time.sleep(quiet)
+        again = model_counts(client, model)
+        if again == counts or time.monotonic() > deadline:
+            return again
+        counts = again
+
+
 def counts_since(
     client, model: str, before: tuple[int, int], inferences: int, timeout: float = 10.0
 ) -> tuple[int, int]:

@@ -399,6 +399,21 @@ def test_status_and_extend(fake, settings):
     release_from_file(settings)
 
 
+def test_the_deadline_is_the_lease_end_as_the_cloud_says_now(fake, settings):
+    state, _ = provision(settings, {"hours": 3})
+    recorded = datetime.fromisoformat(state.chameleon["lease"]["end"])
+    assert target.deadline(state, settings) == recorded
+    # Extended from another terminal (or the web UI): this state does not know, the cloud does.
+    lease = next(iter(fake.leases.values()))
+    lease["end_date"] += timedelta(hours=1)
+    assert target.deadline(state, settings) == recorded + timedelta(hours=1)
+    # Blazar does not answer: the end recorded at provision is the best there is.
+    fake.fault("GET", r"/reservation/v1/leases/.+", 503, times=100)
+    assert target.deadline(state, settings) == recorded
+    fake.faults.clear()
+    release_from_file(settings)
+
+
 def test_existing_key_pair_with_another_key_is_not_replaced(fake, settings):
     other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBd2k7x9q5Q3nK1ZrS0vR6gM8fT2yU4wE1aH7cJ3pL9o other"
     fake.keypairs["triton-lab-alice"] = {

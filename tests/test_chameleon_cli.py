@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import time
+from datetime import timedelta
 
+import fake_openstack
 import pytest
 from fake_openstack import FakeOpenStack
 from test_chameleon import NODE_ADDRESSES, PUBLIC_KEY, SSHBanner
+from test_pipeline import printed_lines
 
 
 @pytest.fixture
@@ -103,3 +108,67 @@ def test_teardown_releases_a_lease_whose_create_answer_was_lost(lab, cloud):
     cloud.faults.clear()
     assert "teardown complete" in lab.fab("teardown").stdout
     assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0}
+
+
+@pytest.mark.deploy
+def test_bench_keeps_clear_of_the_lease_end(lab, sshd):
+    # The fake cloud's node is this machine: its floating IP is 127.0.0.1, where the tests' sshd listens.
+    fake = FakeOpenStack(floating_ips=["127.0.0.1"]).start()
+    lab.extra_env.update(fake.env())
+    lab.extra_env.update(
+        {
+            "FABRIC_LAB_CHAMELEON_PUBLIC_KEY": f"{sshd.key}.pub",
+            "FABRIC_LAB_CHAMELEON_SSH_PORT": str(sshd.port),
+            "FABRIC_LAB_CHAMELEON_POLL_INTERVAL_S": "0.05",
+            # This machine's torch, not the P100 build a real node installs.
+            "FABRIC_LAB_CHAMELEON_CONSTRAINTS": "constraints/local.txt",
+            "FABRIC_LAB_CHAMELEON_PIP_EXTRA_ARGS": "",
+        }
+    )
+    models = ["--model", "food_classifier", "--model", "batching_food_classifier"]
+    try:
+        lab.fab(
+            "provision", "--target", "chameleon", "--hours", "0.25", "--runtime", "process", "--user", sshd.user,
+            "--python", "/usr/bin/python3", "--serving-venv", sys.prefix,
+        )  # fmt: skip
+        lab.fab("deploy")
+        assert "warning: the lease ends in 0 h 1" in lab.fab("status").stdout
+
+        refused = lab.fab("bench", "--quick", *models, check=False)
+        assert refused.returncode == 1
+        assert "would lose its results when the lease ends" in refused.stderr
+        assert "Run `fab extend --hours 1` first, or bench less" in refused.stderr
+        assert not lab.results_dir.exists() or not any(lab.results_dir.iterdir()), "a refused bench writes nothing"
+
+        lab.fab("extend", "--hours", "1")
+        bench = lab.popen_fab("bench", "--quick", *models)
+        lines, output = printed_lines(bench), ""
+        while "Make the perf_analyzer input from it" not in output:
+            line = lines.get(timeout=300)
+            assert line is not None, f"the bench ended before measuring:\n{output}"
+            output += line
+        # While the first model is measured, the lease is cut short (by the web UI, another terminal).
+        lease = next(iter(fake.leases.values()))
+        lease["end_date"] = fake_openstack._now() + timedelta(minutes=15, seconds=5)
+        output += "".join(iter(lambda: lines.get(timeout=600), None))
+        assert bench.wait(timeout=60) == 1, output
+
+        assert "would end inside the 15 min margin; stopping here" in output
+        assert "not measured: batching_food_classifier" in output
+        assert "`fab extend --hours 1`, then `fab bench --quick --model=batching_food_classifier`" in output
+        (results,) = lab.results_dir.iterdir()
+        summary = json.loads((results / "summary.json").read_text())
+        assert list(summary["models"]) == ["food_classifier"]
+        assert summary["partial"] == {"reason": "the lease ends soon", "not_measured": ["batching_food_classifier"]}
+        assert (results / "PARTIAL.md").exists() and "**PARTIAL**" in (results / "report.md").read_text()
+        host = results / "hosts" / "triton-lab-alice-node1"
+        assert (host / "food_classifier.csv").exists() and (host / "host.json").exists()
+        assert (host / "configs" / "batching_food_classifier.pbtxt").exists(), "the finish phase ran"
+        assert not list((lab.root / "deploy-remote" / "bench").iterdir()), "the host's bench folder is removed"
+
+        lab.fab("teardown")
+        assert fake.held() == {"leases": 0, "servers": 0, "floatingips": 0}
+    finally:
+        if lab.state() is not None:
+            lab.fab("teardown", "--purge", check=False)
+        fake.stop()

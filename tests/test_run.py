@@ -50,11 +50,6 @@ def test_a_failed_deploy_is_named_and_torn_down(lab, tmp_path):
     assert_nothing_left(lab, tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 14, open: now and then the run exits 1 instead of 130 after the SIGINT during the bench "
-    "(seen in 1 of 2 full runs and 2 of 4 runs alone); teardown and the partial marker were not the failing checks",
-)
 def test_sigint_during_the_bench_tears_down_and_keeps_the_partial_results(lab, tmp_path):
     run = lab.popen_fab("run", "--target", "local", "--quick")
     try:

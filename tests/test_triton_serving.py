@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as triton_http
 from conftest import rendered_repository
 from food11 import FOOD11_LABELS, Food11Classifier
-from helpers import classify, classify_error, counts_since, image_input, model_counts
+from helpers import classify, classify_error, counts_since, image_input, settled_counts
 from PIL import Image
 
 from provision import config, sample_images
@@ -167,7 +167,7 @@ def test_a_request_may_carry_several_images(client, reference):
 def test_dynamically_batched_requests_get_the_answers_they_get_alone(client, reference):
     # A phone-sized image first keeps the instance busy while the 20 small ones queue.
     names = ["phone-jpeg"] + list(IMAGES)[:-1] * 4
-    before = model_counts(client, BATCHING)
+    before = settled_counts(client, BATCHING)
     pending = [(name, client.async_infer(BATCHING, [image_input([IMAGES[name]])])) for name in names]
     for name, request in pending:
         result = request.get_result()
@@ -225,7 +225,7 @@ def test_bad_requests_batched_with_good_ones_leave_the_good_ones_alone(client, r
     good = [("good", "phone-jpeg")] + [("good", name) for name in list(IMAGES)[:4]] * 2
     bad = [("bad", name) for name in BAD_INPUTS]
     mix = good[:1] + [item for pair in zip(good[1:], bad + bad[:3]) for item in pair]
-    before = model_counts(client, BATCHING)
+    before = settled_counts(client, BATCHING)
     pending = []
     for kind, name in mix:
         payload = IMAGES[name] if kind == "good" else BAD_INPUTS[name][0]

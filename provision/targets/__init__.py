@@ -2,6 +2,7 @@
 
     provision(settings, options, state, save, say) -> State   # reserve/record hosts; save() after every step
     release(state, settings, save, say) -> None               # free what provision reserved; verify it is gone
+    deadline(state, settings) -> datetime | None              # when the hosts go away (a lease's end), if ever
 
 local      this machine (Ansible's local connection)
 ssh        hosts the user already has

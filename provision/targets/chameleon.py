@@ -44,6 +44,7 @@ _OPTION_NAMES = {
     "key_name": "key_name",
     "public_key": "public_key",
     "private_key": "private_key",
+    "user": "ssh_user",
 }
 
 
@@ -129,7 +130,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
                     "run `fab teardown` first to change it, or drop the flag to continue"
                 )
     if state is None or state.target != "chameleon":
-        state = State(target="chameleon", runtime=runtime)
+        state = State(target="chameleon", runtime=runtime, serving_venv=options.get("serving_venv") or None)
     info = state.chameleon
     if not info.get("name"):
         info["name"] = f"{cfg['name_prefix']}-{_slug(cloud.user_name())}"
@@ -166,15 +167,16 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
             name=server["name"],
             address=server["floating_ip"],
             port=info["ssh_port"],
-            user="cc",
+            user=cfg["ssh_user"],
             key=private_key,
             connection="ssh",
+            python=options.get("python") or None,
         )
         for server in info["servers"]
     ]
     if created:
         state.record(f"provisioned on {info['site']}: {', '.join(created)}")
-        _say_step(say, f"{len(state.hosts)} node(s) ready: " + ", ".join(f"cc@{h.address}" for h in state.hosts))
+        _say_step(say, f"{len(state.hosts)} node(s) ready: " + ", ".join(f"{h.user}@{h.address}" for h in state.hosts))
     else:
         _say_step(say, "already provisioned: nothing new was created")
     save(state)
@@ -491,6 +493,20 @@ def status(state: State, settings: dict) -> dict:
     seconds, text = _time_left(lease.get("end"))
     result["lease"].update(time_left_s=seconds, time_left=text)
     return result
+
+
+def deadline(state: State, settings: dict) -> datetime | None:
+    """When the hosts go away: the lease's end as Blazar says now (an extension made from
+    another terminal counts), or the end recorded at provision when the cloud cannot be asked."""
+    lease = state.chameleon.get("lease") or {}
+    end = lease.get("end")
+    if lease.get("id"):
+        try:
+            current = _cloud(config(settings), state.chameleon.get("site")).lease(lease["id"])
+        except ChameleonError:
+            current = None
+        end = (current or {}).get("end") or end
+    return datetime.fromisoformat(end) if end else None
 
 
 def extend(state: State, settings: dict, hours: int, save: Save, say: Say) -> None:

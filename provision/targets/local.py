@@ -35,3 +35,8 @@ def provision(settings: dict, options: dict, state: State | None, save: Callable
 
 def release(state: State, settings: dict, save, say) -> None:
     """Nothing was reserved anywhere."""
+
+
+def deadline(state: State, settings: dict) -> None:
+    """No end: the hosts stay as long as their owner keeps them."""
+    return None
