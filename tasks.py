@@ -91,7 +91,7 @@ def provision(
     settings = _settings(c)
     target = target or settings["target"]
     try:
-        module = targets.get(target)
+        targets.get(target)
     except targets.UnknownTarget as error:
         raise Exit(f"error: {error}") from None
     current = state_module.load()
@@ -109,14 +109,14 @@ def provision(
     # Ctrl-C or SIGTERM (a closed terminal, a batch scheduler) ends a provision where it is.
     try:
         with interrupts.handled():
-            new_state = module.provision(settings, options, current, state_module.save, print)
+            new_state = targets.provision(target, settings, options, current, state_module.save, print)
     except (ValueError, RuntimeError) as error:
-        _forget_empty_chameleon_state()
+        _forget_a_state_that_holds_nothing()
         raise Exit(f"error: {error}") from None
     except KeyboardInterrupt:
-        _forget_empty_chameleon_state()
+        _forget_a_state_that_holds_nothing()
         recorded = state_module.load()
-        held = module.held(recorded) if recorded is not None and hasattr(module, "held") else "nothing reserved yet"
+        held = targets.held(target, recorded) if recorded is not None else "nothing reserved yet"
         raise Exit(
             f"interrupted: {held}. `fab provision --target {target}` continues where it stopped, "
             "`fab teardown` releases what exists",
@@ -126,23 +126,10 @@ def provision(
     print("next: fab deploy")
 
 
-def _forget_empty_chameleon_state() -> None:
-    """A chameleon provision that failed before creating anything leaves only names: forget them.
-
-    A lease create that went out without a clear answer may have made one: its
-    name stays, so that `fab teardown` looks it up and releases it.
-    """
+def _forget_a_state_that_holds_nothing() -> None:
+    """A provision that failed before reserving anything leaves only names: forget them."""
     recorded = state_module.load()
-    if recorded is None or recorded.target != "chameleon":
-        return
-    info = recorded.chameleon
-    lease = info.get("lease", {})
-    if (
-        not lease.get("id")
-        and not lease.get("create_sent")
-        and not info.get("servers")
-        and not info.get("floating_ips")
-    ):
+    if recorded is not None and targets.holds_nothing(recorded.target, recorded):
         state_module.clear()
 
 
@@ -342,44 +329,18 @@ def status(c):
     from provision.status import describe
 
     state = _state()
-    if state.target == "chameleon":
-        _print_chameleon_status(c, state)
+    for line in targets.status_lines(state.target, state, _settings(c)):
+        print(line)
     for line in describe(state):
         print(line)
-
-
-def _print_chameleon_status(c, state) -> None:
-    from provision.targets import chameleon
-
-    report = chameleon.status(state, _settings(c))
-    if report.get("error"):
-        print(f"chameleon: {report['error']}")
-    lease = report.get("lease") or {}
-    if lease:
-        print(
-            f"lease {lease.get('name')} on {report.get('site')}: {lease.get('status')}, "
-            f"ends {lease.get('end')} ({lease.get('time_left')} left)"
-        )
-    for server in report.get("servers", []):
-        print(f"server {server['name']}: {server['status']}, floating IP {server.get('floating_ip')}")
-    left = lease.get("time_left_s")
-    if left is not None and left < 3600:
-        print(
-            f"warning: the lease ends in {lease.get('time_left')}: when it ends the node and what is on it go; "
-            "run `fab extend --hours 1` to keep it"
-        )
 
 
 @task(help={"hours": "hours to add to the lease"})
 def extend(c, hours=1):
     """Chameleon: extend the lease by N hours (possible within 48 h of its end)."""
-    from provision.targets import chameleon
-
     state = _state()
-    if state.target != "chameleon":
-        raise Exit(f"error: only a chameleon lease can be extended (this target is {state.target})")
     try:
-        chameleon.extend(state, _settings(c), int(hours), state_module.save, print)
+        targets.extend(state.target, state, _settings(c), int(hours), state_module.save, print)
     except (ValueError, RuntimeError) as error:
         raise Exit(f"error: {error}") from None
 

@@ -16,10 +16,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision import config, sample_images, targets
+from provision import config, runtimes, sample_images, targets
 from provision import state as state_module
 from provision.ansible import run_playbook
-from provision.background import reachable_address
 from provision.deploy import docker_environment
 from provision.lease_guard import check_bench_fits, hours_to_extend, next_model_fits
 from provision.model_repo import model_names
@@ -34,18 +33,6 @@ def results_root(settings: dict) -> Path:
 
 class BenchError(RuntimeError):
     pass
-
-
-def triton_endpoints(runtime: str, bind_address: str, ports: dict) -> tuple[str, str | None]:
-    """(Triton's HTTP address, its metrics URL or None) as perf_analyzer reaches them on the host.
-
-    process: perf_analyzer runs on the host; Triton listens on bind_address.
-    docker:  perf_analyzer runs in the API container; Triton is the `triton`
-             container on their network, and its GPU metrics are collected.
-    """
-    if runtime == "docker":
-        return f"triton:{ports['triton_http']}", f"triton:{ports['triton_metrics']}/metrics"
-    return f"{reachable_address(bind_address)}:{ports['triton_http']}", None
 
 
 def perf_runs(models: list[str], url: str, metrics_url: str | None = None, *, profile: dict) -> list[PerfRun]:
@@ -98,11 +85,10 @@ def bench(
         raise BenchError(f"lab.bench.input_encoding is {encoding!r}: expected one of {', '.join(input_encodings())}")
     profile_name = "quick" if quick else "full"
     profile = dict(settings["bench"][profile_name])
-    target = targets.get(state.target)
-    end = target.deadline(state, settings)
+    end = targets.deadline(state.target, state, settings)
     lease = None
     if end is not None:  # before anything is written: a bench that cannot finish does not start
-        lease = _Lease(target, state, settings, end)
+        lease = _Lease(state, settings, end)
         check_bench_fits(end, len(models), profile, profile_name, lease.margin_minutes, _now())
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{state.target}"
     results = results_root(settings) / run_id
@@ -114,13 +100,15 @@ def bench(
 
     bind = state.deploy["bind_address"]
     ports = state.deploy["ports"]
-    runs = perf_runs(models, *triton_endpoints(state.runtime, bind, ports), profile=profile)
+    runs = perf_runs(models, *runtimes.triton_endpoints(state.runtime, bind, ports), profile=profile)
     say(f"benchmarking {len(models)} model(s) at concurrency {profile['concurrency_range']} ({profile_name} profile)")
     playbook_vars = {
         "lab_run_id": run_id,
         "lab_docker_environment": docker_environment(settings),
-        "lab_runtime": state.runtime,
         "lab_hosts": state.deploy["hosts"],
+        "lab_bench_places": {
+            host: runtimes.bench_place(state.runtime, deployed, run_id) for host, deployed in state.deploy["hosts"].items()
+        },
         "lab_bind_address": bind,
         "lab_ports": ports,
         "lab_models": model_names(),
@@ -173,13 +161,13 @@ def _minutes(seconds: float) -> str:
 class _Lease:
     """The deadline of the hosts, asked of the target again before each model."""
 
-    def __init__(self, target, state: state_module.State, settings: dict, end: datetime):
-        self.target, self.state, self.settings, self.end = target, state, settings, end
+    def __init__(self, state: state_module.State, settings: dict, end: datetime):
+        self.state, self.settings, self.end = state, settings, end
         self.margin_minutes = float(settings["bench"].get("lease_margin_minutes", 15))
         self.longest_model_s = 0.0  # measured by the bench, model by model
 
     def refresh(self) -> datetime:
-        self.end = self.target.deadline(self.state, self.settings) or self.end
+        self.end = targets.deadline(self.state.target, self.state, self.settings) or self.end
         return self.end
 
     def time_left_s(self) -> float:

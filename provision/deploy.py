@@ -6,7 +6,7 @@ the weights, the requirements) that the roles copy to each host. In the
 tritonserver, the API and Jupyter run as processes. In the `docker` runtime
 (roles gpu_preflight, docker, nvidia_container_toolkit, triton_docker) the
 bundle also holds the images' build context and compose.yaml
-(provision/containers.py), and both run in containers. Either way the model
+(provision/runtimes/containers.py), and both run in containers. Either way the model
 repository is rendered for the host's GPUs, and copies are by checksum, so a
 second deploy with nothing changed changes nothing and restarts nothing.
 """
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from provision import config, containers
+from provision import config, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookResult, run_playbook
 from provision.local_serving import weight_sources
@@ -43,13 +43,10 @@ def _replace_tree(source: Path, destination: Path, ignore=None) -> None:
 
 
 def serving_pins(settings: dict, state: state_module.State) -> tuple[str, str]:
-    """(constraints file, extra pip arguments) of the serving torch for this target's GPUs."""
-    if state.runtime == "docker":  # the Triton image's torch (Dockerfile.triton)
-        return settings["docker"]["constraints"], f"--extra-index-url {settings['docker']['torch_index']}"
-    if state.target == "chameleon":
-        chameleon = settings.get("chameleon") or {}
-        return chameleon.get("constraints", "constraints/p100.txt"), chameleon.get("pip_extra_args", "")
-    return settings["constraints"], settings.get("pip_extra_args", "")
+    """(constraints file, extra pip arguments) of the serving torch: the runtime's, else the target's."""
+    return runtimes.serving_pins(state.runtime, settings, state) or targets.serving_pins(
+        state.target, settings, state
+    )
 
 
 def stage_bundle(settings: dict, state: state_module.State) -> dict:
@@ -87,18 +84,12 @@ def stage_bundle(settings: dict, state: state_module.State) -> dict:
         shutil.rmtree(weights / "blip", ignore_errors=True)
         blip_on_host = blip
     staged = {"smoke_weights": is_smoke(food11) or is_smoke(blip), "blip_on_host": blip_on_host}
-    if state.runtime == "docker":
-        # The images' build context; each host's compose.yaml and build arguments
-        # follow from its GPUs, so the role writes them after the preflight.
-        containers.stage_build_context(settings, bundle / "build")
+    runtimes.stage(state.runtime, settings, state, bundle)
     return staged
 
 
 def deploy_dir(settings: dict, state: state_module.State) -> str:
-    if state.target == "local":
-        path = Path(settings["local_deploy_dir"])
-        return str(path if path.is_absolute() else config.PROJECT_ROOT / path)
-    return settings["remote_deploy_dir"]
+    return targets.deploy_dir(state.target, settings, state)
 
 
 def docker_environment(settings: dict) -> dict:
@@ -112,6 +103,7 @@ def extravars(settings: dict, state: state_module.State) -> dict:
     home = deploy_dir(settings, state)
     return {
         "lab_runtime": state.runtime,
+        "lab_runtime_tasks": runtimes.tasks_folder(state.runtime),  # the runtime's task files, included by the plays
         "lab_deploy_dir": home,
         "lab_serving_venv": state.serving_venv or "",
         "lab_project_dir": str(config.PROJECT_ROOT),

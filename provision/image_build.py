@@ -2,7 +2,7 @@
 
 Runs on the host with its system Python (standard library only), in the
 images' build context (the triton_docker role copies it there and passes one
-image of provision.containers.images()):
+image of provision.runtimes.containers.images()):
 
     python3 lib/provision/image_build.py --image-json '{"tag": ..., "base": ..., ...}' --log-dir run
 
@@ -160,7 +160,7 @@ def build(image: dict, context: Path, log_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--image-json", required=True, help="one image of provision.containers.images()")
+    parser.add_argument("--image-json", required=True, help="one image of provision.runtimes.containers.images()")
     parser.add_argument("--context", type=Path, default=Path("."), help="the build context (default: here)")
     parser.add_argument("--log-dir", type=Path, required=True, help="where build-NAME.log is written")
     args = parser.parse_args(argv)

@@ -3,28 +3,11 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 from provision import hosts as host_commands
+from provision import runtimes
 from provision import state as state_module
 from provision.hosts import HostError
-
-LOG_FILES = {"triton": "tritonserver.log", "api": "api.log", "jupyter": "jupyter.log"}
-
-
-def _runtime_command(deployed: dict, subcommand: str) -> str:
-    """The host-side helper of the host's runtime: provision.process_runtime or provision.container_runtime."""
-    home = deployed["home"]
-    pythonpath = f"PYTHONPATH={shlex.quote(home + '/lib')}"
-    if deployed.get("runtime") == "docker":
-        return (
-            f"{pythonpath} {shlex.quote(deployed['host_python'])} -m provision.container_runtime "
-            f"--home {shlex.quote(home)} {subcommand}"
-        )
-    return (
-        f"{pythonpath} {shlex.quote(deployed['serving_python'])} "
-        f"-m provision.process_runtime --config {shlex.quote(home + '/runtime.json')} {subcommand}"
-    )
 
 
 def host_status(state: state_module.State) -> dict:
@@ -36,7 +19,7 @@ def host_status(state: state_module.State) -> dict:
             report[host.name] = {"deployed": False}
             continue
         try:
-            result = host_commands.run(host, _runtime_command(deployed, "status"), timeout_s=60)
+            result = host_commands.run(host, runtimes.host_command(state.runtime, deployed, "status"), timeout_s=60)
         except HostError as error:
             report[host.name] = {"error": str(error)}
             continue
@@ -66,7 +49,7 @@ def describe(state: state_module.State) -> list[str]:
             lines.append("  nothing deployed: run `fab deploy`")
             continue
         triton, api = status["triton"], status["api"]
-        run = "container" if state.runtime == "docker" else "pid"  # what runs each service
+        run = runtimes.service_unit(state.runtime)  # what runs each service: a pid, a container
         lines.append(
             f"  tritonserver: {'READY' if triton['ready'] else 'not ready'} "
             f"({run} {triton['pid'] or '-'}) {triton['url']}  log: {triton['log']}"
@@ -86,19 +69,15 @@ def describe(state: state_module.State) -> list[str]:
 
 def logs(state: state_module.State, service: str, lines: int = 50) -> dict[str, str]:
     """The last `lines` lines of a service's log on every host."""
-    if service not in LOG_FILES:
-        raise ValueError(f"unknown service {service!r}: choose {' or '.join(LOG_FILES)}")
+    if service not in runtimes.LOG_FILES:
+        raise ValueError(f"unknown service {service!r}: choose {' or '.join(runtimes.LOG_FILES)}")
     output = {}
     for host in state.hosts:
         deployed = state.deploy.get("hosts", {}).get(host.name)
         if not deployed:
             output[host.name] = "(nothing deployed)"
             continue
-        if deployed.get("runtime") == "docker":  # the containers' logs, through Compose
-            result = host_commands.run(host, _runtime_command(deployed, f"logs {service} --lines {int(lines)}"), 60)
-            output[host.name] = result.stdout if result.returncode == 0 else f"(no logs: {result.stderr.strip()})"
-            continue
-        path = f"{deployed['home']}/run/{LOG_FILES[service]}"
-        result = host_commands.run(host, f"tail -n {int(lines)} {shlex.quote(path)}", timeout_s=30)
-        output[host.name] = result.stdout if result.returncode == 0 else f"(no log at {path})"
+        command = runtimes.logs_command(state.runtime, deployed, service, lines)
+        result = host_commands.run(host, command, timeout_s=60)
+        output[host.name] = result.stdout if result.returncode == 0 else f"(no log: {result.stderr.strip()})"
     return output

@@ -28,12 +28,12 @@ def teardown(settings: dict, state: state_module.State | None, say: Callable[[st
         try:
             run_playbook("teardown.yml", extravars(settings, state), say)
         except PlaybookError as error:
-            if not purge and state.target != "chameleon":
+            if not purge and not targets.release_deletes_hosts(state.target):
                 raise TeardownError(
                     f"{error}\n\nthe state is kept: fix the problem and run `fab teardown` again, "
                     "or `fab teardown --purge` to forget these hosts without cleaning them"
                 ) from None
-            # A chameleon node is deleted with everything on it; --purge means the user said so.
+            # A node that release deletes goes with everything on it; --purge means the user said so.
             say(f"warning: could not clean the hosts ({str(error).splitlines()[0]}); continuing")
         state.deploy = {}
         state.record("services stopped, deployment removed and verified gone")
@@ -42,9 +42,8 @@ def teardown(settings: dict, state: state_module.State | None, say: Callable[[st
     def save(updated: state_module.State) -> None:
         state_module.save(updated)
 
-    target = targets.get(state.target)
     try:
-        target.release(state, settings, save, say)
+        targets.release(state.target, state, settings, save, say)
     except Exception as error:
         if not purge:
             raise TeardownError(

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from provision import state as state_module
-from provision.chameleon import ChameleonError, CredentialsError, NoHostsError, check_credentials
 from provision.targets import chameleon as target
+from provision.targets.chameleon.cloud import ChameleonError, CredentialsError, NoHostsError, check_credentials
 from tests import fake_openstack
 from tests.fake_openstack import FakeOpenStack
 
@@ -568,7 +568,7 @@ def test_a_lost_lease_create_that_cannot_be_checked_is_kept_for_teardown(fake, s
 
 
 def test_leases_that_are_ending_are_never_adopted(fake, settings):
-    from provision.chameleon import LEASE_ENDING, LEASE_STATUSES, ChameleonCloud
+    from provision.targets.chameleon.cloud import LEASE_ENDING, LEASE_STATUSES, ChameleonCloud
 
     assert LEASE_ENDING < set(LEASE_STATUSES) and "DELETED" not in LEASE_STATUSES
     provision(settings)

@@ -1,4 +1,4 @@
-"""The docker runtime's container definitions (provision/containers.py) and the two Dockerfiles.
+"""The docker runtime's container definitions (provision/runtimes/containers.py) and the two Dockerfiles.
 
 These check the definitions themselves, without an engine, and have a real
 Compose implementation (Debian's docker-compose, which `make test` installs)
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provision import containers
 from provision.config import PROJECT_ROOT, defaults
+from provision.runtimes import containers
 
 SETTINGS = defaults()
 PORTS = SETTINGS["ports"]

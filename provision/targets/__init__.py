@@ -1,32 +1,101 @@
-"""Targets: where the pipeline runs. Each module has the same interface:
-
-    provision(settings, options, state, save, say) -> State   # reserve/record hosts; save() after every step
-    release(state, settings, save, say) -> None               # free what provision reserved; verify it is gone
-    deadline(state, settings) -> datetime | None              # when the hosts go away (a lease's end), if ever
+"""Targets: where the pipeline runs. Each operation is declared once here.
 
 local      this machine (Ansible's local connection)
 ssh        hosts the user already has
-chameleon  a P100 bare-metal node reserved on Chameleon Cloud with python-chi
+chameleon  P100 bare-metal nodes reserved on Chameleon Cloud with python-chi (a package:
+           the target in chameleon/__init__.py, the python-chi adapter in chameleon/cloud.py)
+
+A call names the target first: `targets.release(state.target, state, settings, save, say)`.
+The body of each function below is the default, used where the target's module has
+no function of that name (provision/routing.py). A new target is one module here.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+from collections.abc import Callable
+from datetime import datetime
+
+from provision.routing import router
+from provision.runtimes import RUNTIMES
+from provision.state import State
 
 TARGETS = ("local", "ssh", "chameleon")
-RUNTIMES = ("process", "docker")
+
+Save = Callable[[State], None]
+Say = Callable[[str], None]
 
 
 class UnknownTarget(ValueError):
     pass
 
 
-def get(name: str) -> ModuleType:
-    """The module of target `name`."""
-    if name not in TARGETS:
-        raise UnknownTarget(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
-    return importlib.import_module(f"provision.targets.{name}")
+get, routed = router(__name__, TARGETS, UnknownTarget, "target")
+
+
+@routed
+def provision(settings: dict, options: dict, state: State | None, save: Save, say: Say) -> State:
+    """Reserve or record the hosts; save() the state after every step; return it."""
+    raise NotImplementedError("every target provisions")
+
+
+@routed
+def release(state: State, settings: dict, save: Save, say: Say) -> None:
+    """Free what provision reserved and verify it is gone: nothing, by default (the hosts are the user's)."""
+
+
+@routed
+def held(state: State) -> str:
+    """What the state says exists (or may exist) on the cloud, in one line: what an interrupted provision prints."""
+    return "nothing reserved yet"
+
+
+@routed
+def holds_nothing(state: State) -> bool:
+    """Whether a state left by a failed provision records nothing to release (then it is forgotten)."""
+    return False
+
+
+@routed
+def default_runtime(settings: dict) -> str:
+    """The runtime of a new provision without --runtime: lab.runtime, else `process`."""
+    return settings.get("runtime") or "process"
+
+
+@routed
+def serving_pins(settings: dict, state: State) -> tuple[str, str]:
+    """(constraints file, extra pip arguments) of the serving torch for this target's GPUs."""
+    return settings["constraints"], settings.get("pip_extra_args", "")
+
+
+@routed
+def deploy_dir(settings: dict, state: State) -> str:
+    """Where deploy puts everything on the hosts: lab.remote_deploy_dir by default."""
+    return settings["remote_deploy_dir"]
+
+
+@routed
+def release_deletes_hosts() -> bool:
+    """Whether release() deletes the hosts with all that is on them (then a failed clean-up of
+    the hosts does not stop teardown): no, by default."""
+    return False
+
+
+@routed
+def deadline(state: State, settings: dict) -> datetime | None:
+    """When the hosts go away (a lease's end), if ever: None by default."""
+    return None
+
+
+@routed
+def status_lines(state: State, settings: dict) -> list[str]:
+    """What `fab status` prints about the target itself before the hosts: nothing by default."""
+    return []
+
+
+@routed
+def extend(state: State, settings: dict, hours: int, save: Save, say: Say) -> None:
+    """Move the end of the reservation `hours` later."""
+    raise ValueError(f"only a chameleon lease can be extended (this target is {state.target})")
 
 
 def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
@@ -36,10 +105,7 @@ def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
     docker:  both in containers: on GPU hosts with the NVIDIA container toolkit,
              on hosts without GPUs as CPU images (any target, `local` included).
     """
-    if target == "chameleon":
-        runtime = asked or (settings.get("chameleon") or {}).get("runtime") or "docker"
-    else:
-        runtime = asked or settings.get("runtime") or "process"
+    runtime = asked or default_runtime(target, settings)
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
     return runtime

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from provision.config import PROJECT_ROOT
 from provision.state import Host, State
 from provision.targets import choose_runtime
 
@@ -33,10 +34,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Callable
     return new
 
 
-def release(state: State, settings: dict, save, say) -> None:
-    """Nothing was reserved anywhere."""
-
-
-def deadline(state: State, settings: dict) -> None:
-    """No end: the hosts stay as long as their owner keeps them."""
-    return None
+def deploy_dir(settings: dict, state: State) -> str:
+    """lab.local_deploy_dir, relative to the project."""
+    path = Path(settings["local_deploy_dir"])
+    return str(path if path.is_absolute() else PROJECT_ROOT / path)

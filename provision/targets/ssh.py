@@ -45,11 +45,3 @@ def provision(settings: dict, options: dict, state: State | None, save: Callable
     save(new)
     return new
 
-
-def release(state: State, settings: dict, save, say) -> None:
-    """The hosts are the user's: nothing to release beyond what teardown removed from them."""
-
-
-def deadline(state: State, settings: dict) -> None:
-    """No end: the hosts stay as long as their owner keeps them."""
-    return None

@@ -9,7 +9,7 @@ Triton and the API in containers:
                             ports and restart policies, and its GPUs if it has any
 
 The second part depends on the host's GPUs, so the role playbooks/roles/triton_docker
-writes it once gpu_preflight has read them (`python -m provision.containers stage`,
+writes it once gpu_preflight has read them (`python -m provision.runtimes.containers stage`,
 run on the controller), with the images' build arguments for those GPUs (the
 torch architectures they need, or a CPU build). It then copies both to the
 host, builds the images that are missing (provision/image_build.py on the host:
@@ -241,7 +241,7 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
 
 
 def write_compose(path: Path, definition: dict) -> Path:
-    header = "# Written by `fab deploy` (provision/containers.py): edit that, not this file.\n"
+    header = "# Written by `fab deploy` (provision/runtimes/containers.py): edit that, not this file.\n"
     path.write_text(header + yaml.safe_dump(definition, sort_keys=False, width=120))
     return path
 

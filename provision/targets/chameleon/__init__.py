@@ -12,7 +12,7 @@ reserved floating IPs with it), each verified gone with the cloud before it
 leaves the state. What the cloud refuses stays in the state, and the error
 says what is left and how to retry.
 
-All cloud calls go through provision.chameleon (the only user of python-chi).
+All cloud calls go through provision.targets.chameleon.cloud (the only user of python-chi).
 """
 
 from __future__ import annotations
@@ -24,10 +24,17 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision.chameleon import LEASE_ENDING, LEASE_FAILED, ChameleonCloud, ChameleonError, NoHostsError, ResourceFailed
 from provision.config import defaults as project_defaults
 from provision.state import Host, State
 from provision.targets import choose_runtime
+from provision.targets.chameleon.cloud import (
+    LEASE_ENDING,
+    LEASE_FAILED,
+    ChameleonCloud,
+    ChameleonError,
+    NoHostsError,
+    ResourceFailed,
+)
 
 Say = Callable[[str], None]
 Save = Callable[[State], None]
@@ -493,6 +500,54 @@ def status(state: State, settings: dict) -> dict:
     seconds, text = _time_left(lease.get("end"))
     result["lease"].update(time_left_s=seconds, time_left=text)
     return result
+
+
+def default_runtime(settings: dict) -> str:
+    """docker (lab.chameleon.runtime): the node's GPUs run the pinned CUDA images."""
+    return (settings.get("chameleon") or {}).get("runtime") or "docker"
+
+
+def serving_pins(settings: dict, state: State) -> tuple[str, str]:
+    """The P100's torch: a cu126 build that still has sm_60 kernels (lab.chameleon.constraints)."""
+    chameleon = settings.get("chameleon") or {}
+    return chameleon.get("constraints", "constraints/p100.txt"), chameleon.get("pip_extra_args", "")
+
+
+def release_deletes_hosts() -> bool:
+    """The servers are deleted with everything on them: a failed clean-up of the hosts does not stop teardown."""
+    return True
+
+
+def holds_nothing(state: State) -> bool:
+    """A provision that failed before creating anything leaves only names: nothing to release.
+
+    A lease create that went out without a clear answer may have made one: its
+    name stays, so that `fab teardown` looks it up and releases it.
+    """
+    info = state.chameleon
+    lease = info.get("lease", {})
+    return not (lease.get("id") or lease.get("create_sent") or info.get("servers") or info.get("floating_ips"))
+
+
+def status_lines(state: State, settings: dict) -> list[str]:
+    """The lease (status, end, time left, a warning under an hour) and each server, as the cloud says now."""
+    report = status(state, settings)
+    lines = [f"chameleon: {report['error']}"] if report.get("error") else []
+    lease = report.get("lease") or {}
+    if lease:
+        lines.append(
+            f"lease {lease.get('name')} on {report.get('site')}: {lease.get('status')}, "
+            f"ends {lease.get('end')} ({lease.get('time_left')} left)"
+        )
+    for server in report.get("servers", []):
+        lines.append(f"server {server['name']}: {server['status']}, floating IP {server.get('floating_ip')}")
+    left = lease.get("time_left_s")
+    if left is not None and left < 3600:
+        lines.append(
+            f"warning: the lease ends in {lease.get('time_left')}: when it ends the node and what is on it go; "
+            "run `fab extend --hours 1` to keep it"
+        )
+    return lines
 
 
 def deadline(state: State, settings: dict) -> datetime | None:
