@@ -2,7 +2,7 @@
 
 provision: key pair -> lease (node + floating IP reservation) -> ACTIVE -> server
 on the reservation -> ACTIVE -> floating IP attached -> SSH answers -> hosts
-recorded (user `cc`). The state is saved after every step, and every resource
+recorded (user `cc`, lab.chameleon.ssh_user). The state is saved after every step, and every resource
 is named before it is created (`triton-lab-<user>...`), so a provision that was
 interrupted anywhere continues where it stopped (finding even a resource whose
 id was never saved) and a re-run after success creates nothing.
