@@ -20,7 +20,7 @@ from provision import config, runtimes, sample_images, targets
 from provision import state as state_module
 from provision.ansible import run_playbook
 from provision.deploy import docker_environment
-from provision.lease_guard import check_bench_fits, hours_to_extend, next_model_fits
+from provision.lease_guard import check_bench_fits, hours_to_extend, minutes, next_model_fits
 from provision.model_repo import model_names
 from provision.perf import PerfRun, input_encodings
 from provision.report import write_report
@@ -139,7 +139,7 @@ def bench(
     if partial:
         left = lease.time_left_s()
         raise BenchError(
-            f"stopped before the lease's end ({_minutes(left)} left, margin {lease.margin_minutes:g} min): "
+            f"stopped before the lease's end ({minutes(left)} left, margin {lease.margin_minutes:g} min): "
             f"measured {', '.join(run.model for run in measured) or 'nothing'}; not measured: "
             f"{', '.join(partial['not_measured'])}.\nThe partial results are in {results} (PARTIAL.md).\n"
             f"To measure the rest: `fab extend --hours {lease.hours_for(len(partial['not_measured']))}`, then "
@@ -152,10 +152,6 @@ def bench(
 
 def _playbook_run(run: PerfRun) -> dict:
     return {"model": run.model, "args": run.command()[1:]}
-
-
-def _minutes(seconds: float) -> str:
-    return f"{max(0, round(seconds / 60))} min"
 
 
 class _Lease:
@@ -194,8 +190,8 @@ def _bench_within_the_lease(lease: _Lease, runs: list[PerfRun], playbook_vars: d
     for index, run in enumerate(runs):
         if index and not next_model_fits(lease.refresh(), lease.longest_model_s, lease.margin_minutes, _now()):
             say(
-                f"the lease ends {lease.end.isoformat(timespec='minutes')}, in {_minutes(lease.time_left_s())}: "
-                f"{run.model} (about {_minutes(lease.longest_model_s)}) would end inside the {lease.margin_minutes:g} min "
+                f"the lease ends {lease.end.isoformat(timespec='minutes')}, in {minutes(lease.time_left_s())}: "
+                f"{run.model} (about {minutes(lease.longest_model_s)}) would end inside the {lease.margin_minutes:g} min "
                 "margin; stopping here"
             )
             run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": [], "lab_bench_prepare": False}, say)

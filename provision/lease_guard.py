@@ -45,7 +45,8 @@ def _clock(moment: datetime) -> str:
     return moment.isoformat(timespec="minutes")
 
 
-def _minutes(seconds: float) -> str:
+def minutes(seconds: float) -> str:
+    """Seconds as whole minutes for a message: "13 min"."""
     return f"{max(0, round(seconds / 60))} min"
 
 
@@ -59,11 +60,11 @@ def check_bench_fits(
     if needed + margin <= left:
         return
     levels = len(concurrency_levels(profile["concurrency_range"]))
-    when = "ended" if left <= 0 else f"ends {_clock(end)}, in {_minutes(left)}"
+    when = "ended" if left <= 0 else f"ends {_clock(end)}, in {minutes(left)}"
     raise LeaseTooShort(
-        f"the lease {when}; this bench needs about {_minutes(needed)} ({models} model(s) x {levels} concurrency "
+        f"the lease {when}; this bench needs about {minutes(needed)} ({models} model(s) x {levels} concurrency "
         f"level(s) x {WINDOWS_PER_LEVEL} windows, {profile_name} profile) and a safety margin of "
-        f"{_minutes(margin)} (lab.bench.lease_margin_minutes), so it would lose its results when the lease ends.\n"
+        f"{minutes(margin)} (lab.bench.lease_margin_minutes), so it would lose its results when the lease ends.\n"
         f"Run `fab extend --hours {hours_to_extend(needed + margin - left)}` first, or bench less (--quick, --model M)."
     )
 
