@@ -18,6 +18,7 @@ from conftest import rendered_repository
 from food11 import FOOD11_LABELS, Food11Classifier
 from helpers import classify, classify_error, counts_since, image_input, settled_counts
 from PIL import Image
+from tritonclient.utils import InferenceServerException
 
 from provision import config, sample_images
 from provision.local_triton import TritonProcess
@@ -202,21 +203,35 @@ def test_bad_input_fails_its_own_request_with_a_clear_message(client, model, bad
     assert classify(client, "food_classifier", [IMAGES["small-jpeg"]])  # the stub is still healthy
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 30, open: asked for a subset of its outputs, Triton 2.51's ensemble answers "
-    "'unexpected deadlock, at least one output is not set' instead of the failing step's message",
-)
-@pytest.mark.parametrize("outputs", [["OUTPUT"], ["FOOD_LABEL"]])
+# Every subset a client may ask the ensemble for: Triton prunes the steps whose
+# outputs nobody reads, and must still run both steps for any of these.
+ENSEMBLE_OUTPUT_SUBSETS = [["OUTPUT"], ["FOOD_LABEL"], ["PROBABILITY"], ["OUTPUT", "PROBABILITY"]]
+
+
+@pytest.mark.parametrize("outputs", ENSEMBLE_OUTPUT_SUBSETS, ids="+".join)
+def test_the_ensemble_answers_any_subset_of_its_outputs(client, reference, outputs):
+    requested = [triton_http.InferRequestedOutput(name) for name in outputs]
+    result = client.infer("ensemble", [image_input([IMAGES["small-jpeg"]])], outputs=requested)
+    answered = {output["name"] for output in result.get_response()["outputs"]}
+    assert answered == set(outputs)
+    label, probability = reference["small-jpeg"]
+    if "FOOD_LABEL" in outputs:
+        assert result.as_numpy("FOOD_LABEL")[0, 0].decode() == label
+    if "PROBABILITY" in outputs:
+        assert float(result.as_numpy("PROBABILITY")[0, 0]) == pytest.approx(probability, abs=1e-4)
+    if "OUTPUT" in outputs:
+        assert result.as_numpy("OUTPUT")[0, 0].decode().startswith(f"a photo of {label.lower()}")
+
+
+@pytest.mark.parametrize("outputs", ENSEMBLE_OUTPUT_SUBSETS, ids="+".join)
 def test_the_ensemble_asked_for_some_outputs_gives_the_failing_step_s_message(client, outputs):
     payload, message = BAD_INPUTS["truncated-jpeg-bytes"]
     requested = [triton_http.InferRequestedOutput(name) for name in outputs]
-    try:
+    with pytest.raises(InferenceServerException) as failure:
         client.infer("ensemble", [image_input([payload])], outputs=requested)
-    except Exception as error:  # noqa: BLE001 - tritonclient's InferenceServerException
-        assert message in str(error), str(error)
-    else:
-        raise AssertionError("the ensemble accepted a truncated JPEG")
+    assert failure.value.status() == "400"
+    assert "food_classifier: INPUT_IMAGE is unreadable or truncated" in str(failure.value)
+    assert message in str(failure.value)
 
 
 def test_bad_requests_batched_with_good_ones_leave_the_good_ones_alone(client, reference):

@@ -2,7 +2,15 @@
 
 Input  INPUT       TYPE_STRING  an image file: its bytes or its base64
        FOOD_LABEL  TYPE_STRING  label to condition on (from the classifier in the ensemble)
-Output OUTPUT      TYPE_STRING  the caption, which starts with the prompt ("a photo of bread, ...")
+Output OUTPUT          TYPE_STRING  the caption, which starts with the prompt ("a photo of bread, ...")
+       CONDITIONED_ON  TYPE_STRING  the label the caption was conditioned on, as it came
+
+CONDITIONED_ON is what the ensemble answers as its FOOD_LABEL. Were the
+classifier's label tensor both an output of the ensemble and the input of this
+step, Triton (2.51 at least) would prune the classifier step whenever a client
+asks for only some of the ensemble's outputs, and answer "unexpected deadlock,
+at least one output is not set": its pruning counts a tensor the client did not
+ask for as unused, though a later step reads it.
 
 BLIP loads from the model parameter blip_source: a Hugging Face hub id such as
 Salesforce/blip-image-captioning-base (where the host can reach the hub) or a
@@ -74,7 +82,7 @@ class TritonPythonModel:
         # Items with the same prompt have the same token length, so they batch
         # without padding (padding would shift the start of the generation).
         groups = {}  # prompt -> [(request index, position, image)]
-        shapes = {}
+        shapes, conditioned_on = {}, {}
         for index, request in enumerate(requests):
             images = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
             labels = pb_utils.get_input_tensor_by_name(request, "FOOD_LABEL").as_numpy()
@@ -83,7 +91,7 @@ class TritonPythonModel:
             except InvalidImage as error:
                 responses[index] = triton_error_response(pb_utils, f"{self.name}: {error}")
                 continue
-            shapes[index] = images.shape
+            shapes[index], conditioned_on[index] = images.shape, labels
             for position, (image, label) in enumerate(zip(decoded, labels.reshape(-1))):
                 groups.setdefault(self._prompt(label), []).append((index, position, image))
 
@@ -104,5 +112,10 @@ class TritonPythonModel:
                 responses[index] = triton_error_response(pb_utils, failed[index], client_error=False)
                 continue
             output = np.array([text.encode() for text in captions[index]], dtype=np.object_).reshape(shape)
-            responses[index] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)])
+            responses[index] = pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor("OUTPUT", output),
+                    pb_utils.Tensor("CONDITIONED_ON", conditioned_on[index].astype(np.object_).reshape(shape)),
+                ]
+            )
         return responses
