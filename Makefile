@@ -85,8 +85,8 @@ $(VENV)/.installed: pyproject.toml model_repository/requirements.txt client_scri
 	touch $@
 
 runtime: $(RUNTIME)/triton/triton-runtime.json
-$(RUNTIME)/triton/triton-runtime.json: $(VENV)/.installed provision/local_triton.py
-	$(BIN)/python -m provision.local_triton install
+$(RUNTIME)/triton/triton-runtime.json: $(VENV)/.installed provision/host/tritonserver.py
+	$(BIN)/python -m provision.local_serving install
 
 weights: $(RUNTIME)/weights/SMOKE_WEIGHTS
 $(RUNTIME)/weights/SMOKE_WEIGHTS: $(VENV)/.installed provision/smoke_weights.py
@@ -99,6 +99,6 @@ lint: venv
 	$(BIN)/hadolint Dockerfile*
 
 clean:
-	-$(BIN)/python -m provision.local_triton stop
+	-$(BIN)/python -m provision.local_serving stop
 	-$(BIN)/python tests/docker_engine.py stop
 	rm -rf $(RUNTIME)

@@ -1,7 +1,10 @@
 """Triton model-serving experiments: fab provision -> deploy -> bench -> teardown.
 
-Defaults live in fabric.yaml (section `lab`); override them in ~/.fabric.yaml,
-with FABRIC_LAB_* environment variables, or with the tasks' flags.
+Defaults live in fabric.yaml (section `lab`). Override them with a file of
+your own (`fab -f my-lab.yaml ...`: it ranks above fabric.yaml, which
+~/.fabric.yaml does not), FABRIC_LAB_* environment variables, or the tasks'
+flags; provision.config.settings() merges them, for the tasks and for code
+that runs without Fabric alike.
 Each task is a thin layer over the `provision` package, whose modules are the
 pipeline's stages.
 """
@@ -14,28 +17,49 @@ import sys
 
 from invoke import Exit, task
 
-from provision import interrupts, inventory, targets
+from provision import config, hosts, interrupts, inventory, targets
 from provision import state as state_module
+from provision.ansible import PlaybookError, PlaybookInterrupted
+from provision.bench import BenchError, results_root
+from provision.lease_guard import LeaseTooShort
+from provision.teardown import TeardownError
+from provision.tunnel import TunnelError
+
+compare_runs = config.client_script("compare_runs")
 
 
 def _settings(c) -> dict:
-    """The `lab` configuration as plain dicts (Invoke hands out DataProxy objects)."""
-
-    def plain(value):
-        if hasattr(value, "items"):
-            return {key: plain(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(item) for item in value]
-        return value
-
-    return plain(c.config.lab)
+    """The `lab` settings as Invoke merged them (fabric.yaml, FABRIC_LAB_*, `fab -f`)."""
+    return config.settings(c.config.lab)
 
 
 def _state():
-    try:
-        return state_module.require()
-    except state_module.StateError as error:
-        raise Exit(f"error: {error}") from None
+    """The recorded state; a StateError (nothing provisioned) becomes the task's clean failure."""
+    return state_module.require()
+
+
+def _fails_cleanly(*known: type[Exception], again: str = "", interrupted: str = ""):
+    """The one place where a task's known errors become a clean `Exit`, so that each task body is its happy path.
+
+    A known error (or a StateError: nothing provisioned) exits 1 with
+    "error: <message>" and `again`, a hint on what to do next; a playbook
+    that Ctrl-C or SIGTERM cancelled exits 130 with its message and
+    `interrupted`. Anything else is a bug, and shows its traceback.
+    """
+
+    def decorate(body):
+        @functools.wraps(body)  # Invoke reads the task's parameters through the wrapper
+        def task_body(*args, **kwargs):
+            try:
+                return body(*args, **kwargs)
+            except PlaybookInterrupted as error:
+                raise Exit(f"{error}{interrupted}", code=INTERRUPTED) from None
+            except (state_module.StateError, *known) as error:
+                raise Exit(f"error: {error}{again}") from None
+
+        return task_body
+
+    return decorate
 
 
 # The exit code of a command that Ctrl-C or SIGTERM ended (128 + SIGINT, as a shell reports it).
@@ -65,6 +89,7 @@ PROVISION_HELP = {
     iterable=["host"],
     help=PROVISION_HELP,
 )
+@_fails_cleanly(ValueError, RuntimeError)
 def provision(
     c,
     target="",
@@ -90,10 +115,7 @@ def provision(
     """
     settings = _settings(c)
     target = target or settings["target"]
-    try:
-        targets.get(target)
-    except targets.UnknownTarget as error:
-        raise Exit(f"error: {error}") from None
+    targets.get(target)  # an unknown name fails here, naming the choices
     current = state_module.load()
     if current is not None and current.target != target:
         raise Exit(
@@ -110,9 +132,9 @@ def provision(
     try:
         with interrupts.handled():
             new_state = targets.provision(target, settings, options, current, state_module.save, print)
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError):
         _forget_a_state_that_holds_nothing()
-        raise Exit(f"error: {error}") from None
+        raise  # and _fails_cleanly says why
     except KeyboardInterrupt:
         _forget_a_state_that_holds_nothing()
         recorded = state_module.load()
@@ -139,9 +161,14 @@ def _forget_a_state_that_holds_nothing() -> None:
         "publish": "listen on every address of the hosts, not 127.0.0.1 (open to the internet on Chameleon)",
     }
 )
+@_fails_cleanly(
+    PlaybookError,
+    FileNotFoundError,
+    again="\n\nfix it and run `fab deploy` again (it continues where it stopped)",
+    interrupted="\n`fab deploy` continues where it stopped",
+)
 def deploy(c, check=False, publish=False):
     """Set up the hosts and start Triton and the API (a second run changes nothing)."""
-    from provision.ansible import PlaybookError, PlaybookInterrupted
     from provision.deploy import deploy as run_deploy
 
     state = _state()
@@ -150,12 +177,7 @@ def deploy(c, check=False, publish=False):
         settings["bind_address"] = "0.0.0.0"
         print("warning: --publish: the services listen on every address; on Chameleon (no security groups) "
               "anyone on the internet can reach them")  # fmt: skip
-    try:
-        result = run_deploy(settings, state, print, check=check)
-    except PlaybookInterrupted as error:
-        raise Exit(f"{error}\n`fab deploy` continues where it stopped", code=INTERRUPTED) from None
-    except (PlaybookError, FileNotFoundError) as error:
-        raise Exit(f"error: {error}\n\nfix it and run `fab deploy` again (it continues where it stopped)") from None
+    result = run_deploy(settings, state, print, check=check)
     if check:
         print(f"check mode: {result.total_changed} change(s) would be made; nothing was changed")
         return
@@ -169,20 +191,12 @@ def deploy(c, check=False, publish=False):
     iterable=["model"],
     help={"quick": "short measurements (a smoke run)", "model": "benchmark only this model (repeatable)"},
 )
+@_fails_cleanly(BenchError, PlaybookError, LeaseTooShort)
 def bench(c, quick=False, model=None):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
-    from provision.ansible import PlaybookError, PlaybookInterrupted
-    from provision.bench import BenchError
     from provision.bench import bench as run_bench
-    from provision.lease_guard import LeaseTooShort
 
-    state = _state()
-    try:
-        results = run_bench(_settings(c), state, models=model or None, quick=quick, say=print)
-    except PlaybookInterrupted as error:
-        raise Exit(str(error), code=INTERRUPTED) from None
-    except (BenchError, PlaybookError, LeaseTooShort) as error:
-        raise Exit(f"error: {error}") from None
+    results = run_bench(_settings(c), _state(), models=model or None, quick=quick, say=print)
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
     return results
@@ -225,8 +239,6 @@ def run(
     finishes). The exit code is non-zero when a stage failed, and the last
     lines name it. A bench that did not finish leaves its folder marked partial.
     """
-    from provision.bench import results_root
-
     if state_module.load() is not None:
         raise Exit(
             "error: something is already provisioned, and `fab run` tears down what it ran on: "
@@ -270,8 +282,6 @@ FINISHING = "fab run: teardown is finishing; it is not interrupted"
 
 def _finish_run(c, keep: bool, results, results_before: set, failed: str | None, message: str, code: int) -> None:
     """fab run after its stages: mark a partial bench, tear down unless --keep, say how it ended."""
-    from provision.bench import results_root
-
     # A bench that did not finish has no summary.json; one the lease stopped wrote its own PARTIAL.md.
     partial = [
         folder for folder in set(_run_folders(results_root(_settings(c)))) - results_before
@@ -312,18 +322,16 @@ def _run_folders(root) -> list:
 
 
 @task(help={"purge": "forget the local state even if cleaning the hosts or the cloud fails"})
+@_fails_cleanly(TeardownError)
 def teardown(c, purge=False):
     """Stop everything, remove what deploy installed, release cloud resources, verify, clear the state."""
-    from provision.teardown import TeardownError
     from provision.teardown import teardown as run_teardown
 
-    try:
-        run_teardown(_settings(c), state_module.load(), print, purge=purge)
-    except TeardownError as error:
-        raise Exit(f"error: {error}") from None
+    run_teardown(_settings(c), state_module.load(), print, purge=purge)
 
 
 @task
+@_fails_cleanly()
 def status(c):
     """Show the target, the hosts, each service's health, the models' states and the URLs."""
     from provision.status import describe
@@ -336,27 +344,20 @@ def status(c):
 
 
 @task(help={"hours": "hours to add to the lease"})
+@_fails_cleanly(ValueError, RuntimeError)
 def extend(c, hours=1):
     """Chameleon: extend the lease by N hours (possible within 48 h of its end)."""
     state = _state()
-    try:
-        targets.extend(state.target, state, _settings(c), int(hours), state_module.save, print)
-    except (ValueError, RuntimeError) as error:
-        raise Exit(f"error: {error}") from None
+    targets.extend(state.target, state, _settings(c), int(hours), state_module.save, print)
 
 
 @task(help={"node": "which host (name or index, default the first)"})
+@_fails_cleanly(ValueError)
 def ssh(c, node="0"):
     """Open a shell on a provisioned host."""
     import os
 
-    from provision import hosts
-
-    state = _state()
-    try:
-        chosen = hosts.select(state.hosts, node)
-    except ValueError as error:
-        raise Exit(f"error: {error}") from None
+    chosen = hosts.select(_state().hosts, node)
     if chosen.connection == "local":
         raise Exit("error: the local target is this machine: no SSH needed")
     os.execvp("ssh", hosts.ssh_client_command(chosen))
@@ -368,26 +369,21 @@ def ssh(c, node="0"):
         "offset": "local port = the host's port + N (default 0); use it when those ports are taken here",
     }
 )
+@_fails_cleanly(TunnelError)
 def tunnel(c, node="0", offset=0):
     """Forward the host's Triton, API and Jupyter to 127.0.0.1 here over SSH; print their URLs; Ctrl-C closes it."""
-    from provision.tunnel import TunnelError
     from provision.tunnel import run as run_tunnel
 
-    try:
-        run_tunnel(_state(), node=node, offset=int(offset), say=lambda line: print(line, flush=True))
-    except TunnelError as error:
-        raise Exit(f"error: {error}") from None
+    run_tunnel(_state(), node=node, offset=int(offset), say=lambda line: print(line, flush=True))
 
 
 @task(help={"service": "triton, api or jupyter", "lines": "how many lines (default 50)"})
+@_fails_cleanly(ValueError)
 def logs(c, service="triton", lines=50):
     """Show the recent log of a service on every host."""
     from provision.status import logs as read_logs
 
-    try:
-        output = read_logs(_state(), service, lines)
-    except ValueError as error:
-        raise Exit(f"error: {error}") from None
+    output = read_logs(_state(), service, lines)
     for host, text in output.items():
         print(f"==> {host}: {service} <==")
         print(text.rstrip())
@@ -405,20 +401,14 @@ def logs(c, service="triton", lines=50):
         "fail_on_regression": "exit 1 when a regression is flagged (for CI)",
     },
 )
+@_fails_cleanly(compare_runs.CompareError)
 def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regression=False):
     """Two or more bench runs side by side: what differs, throughput and p95/p99 with ratios, regressions."""
     from pathlib import Path
 
-    from provision.bench import results_root
-    from provision.config import client_script
-
-    compare_runs = client_script("compare_runs")
     root = results_root(_settings(c))
     paths = [Path(run) if Path(run).exists() else root / run for run in [run_a, run_b, *(also or [])]]
-    try:
-        runs = compare_runs.load_runs(paths)
-    except compare_runs.CompareError as error:
-        raise Exit(f"error: {error}") from None
+    runs = compare_runs.load_runs(paths)
     folder = Path(out) if out else root / "compare" / "_vs_".join(run["run_id"] for run in runs)
     written = compare_runs.write(runs, folder, float(threshold))
     differing = list(compare_runs.differing_facts(runs)) + [

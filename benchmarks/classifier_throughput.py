@@ -68,7 +68,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from provision import config, sample_images, smoke_weights  # noqa: E402
-from provision.local_triton import TritonProcess, TritonRuntime, perf_analyzer_env  # noqa: E402
+from provision.host.tritonserver import TritonProcess, TritonRuntime, perf_analyzer_env  # noqa: E402
 from provision.model_repo import RenderValues, render  # noqa: E402
 from provision.perf import PerfRun, parse_csv, write_input_json  # noqa: E402
 
@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         smoke_weights.generate(scratch / "weights")
         food11_weights = scratch / "weights" / smoke_weights.FOOD11_FILE
-        settings = config.defaults()
+        settings = config.settings()
         if args.torch_threads is not None:
             settings["models"]["torch_threads"] = args.torch_threads
         values = RenderValues.from_settings(

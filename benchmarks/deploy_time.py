@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 import docker_engine  # noqa: E402
 
-from provision.background import free_ports  # noqa: E402
+from provision.host.background import free_ports  # noqa: E402
 from provision.model_repo import model_names  # noqa: E402
 
 PORTS = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
@@ -108,7 +108,7 @@ def restart_triton(runtime: str, env: dict, deploy_dir: Path, triton: str) -> fl
     started = time.perf_counter()
     if runtime == "process":
         serving_python = json.loads((deploy_dir / "runtime.json").read_text())["serving_python"]
-        command = [serving_python, "-m", "provision.process_runtime",
+        command = [serving_python, "-m", "provision.host.process_runtime",
                    "--config", f"{deploy_dir}/runtime.json", "restart", "triton"]  # fmt: skip
         subprocess.run(command, env=env | {"PYTHONPATH": f"{deploy_dir}/lib"}, check=True, capture_output=True)
     else:

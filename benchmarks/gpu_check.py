@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import classifier_throughput as bench  # noqa: E402 - the same raw/served machinery as on the CPU
 
 from provision import config, sample_images, smoke_weights  # noqa: E402
-from provision.local_triton import TritonProcess, TritonRuntime, perf_analyzer_env  # noqa: E402
+from provision.host.tritonserver import TritonProcess, TritonRuntime, perf_analyzer_env  # noqa: E402
 from provision.model_repo import RenderValues, render  # noqa: E402
 
 BATCHING = "batching_food_classifier"
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         smoke_weights.generate(scratch / "weights")
         weights = scratch / "weights" / smoke_weights.FOOD11_FILE
-        settings = config.defaults()
+        settings = config.settings()
         settings["models"]["gpu_decode"] = args.gpu_decode
         values = RenderValues.from_settings(
             gpus, str(weights), str(scratch / "weights" / smoke_weights.BLIP_FOLDER), settings

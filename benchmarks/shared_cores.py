@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from provision import config, sample_images, smoke_weights  # noqa: E402
-from provision.local_triton import TritonProcess, TritonRuntime, perf_analyzer_env  # noqa: E402
+from provision.host.tritonserver import TritonProcess, TritonRuntime, perf_analyzer_env  # noqa: E402
 from provision.model_repo import RenderValues, render  # noqa: E402
 from provision.perf import write_input_json  # noqa: E402
 

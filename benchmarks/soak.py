@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from deploy_time import PORTS, docker_env, fab  # noqa: E402
 
 from provision import config, perf, sample_images  # noqa: E402
-from provision.background import free_ports  # noqa: E402
-from provision.local_triton import perf_analyzer_env  # noqa: E402
+from provision.host.background import free_ports  # noqa: E402
+from provision.host.tritonserver import perf_analyzer_env  # noqa: E402
 
 MODEL = "batching_food_classifier"
 STUB = "triton_python_backend_stub"

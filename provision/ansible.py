@@ -60,7 +60,7 @@ def _failure_text(result: dict) -> str:
     text = result.get("msg") or ""
     stdout = (result.get("stdout") or "").strip()
     if stdout.startswith("{"):
-        try:  # provision.process_runtime prints {"failed": true, "msg": ...}
+        try:  # provision.host.process_runtime prints {"failed": true, "msg": ...}
             text = json.loads(stdout.splitlines()[-1]).get("msg") or text
         except (ValueError, AttributeError):
             pass

@@ -20,6 +20,7 @@ from provision import config, runtimes, sample_images, targets
 from provision import state as state_module
 from provision.ansible import run_playbook
 from provision.deploy import docker_environment
+from provision.host.layout import reachable_address
 from provision.lease_guard import check_bench_fits, hours_to_extend, minutes, next_model_fits
 from provision.model_repo import model_names
 from provision.perf import PerfRun, input_encodings
@@ -109,7 +110,7 @@ def bench(
         "lab_bench_places": {
             host: runtimes.bench_place(state.runtime, deployed, run_id) for host, deployed in state.deploy["hosts"].items()
         },
-        "lab_bind_address": bind,
+        "lab_reachable_address": reachable_address(bind),  # where Triton answers on its own host
         "lab_ports": ports,
         "lab_models": model_names(),
         "lab_results_dir": str(results),

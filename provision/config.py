@@ -1,14 +1,18 @@
-"""The project defaults, read from fabric.yaml (the file Fabric reads for tasks.py).
+"""The `lab` settings: fabric.yaml, under what the user overrides. The one reader of them.
 
-Fabric tasks get these through their context (`c.lab`); code that runs outside
-Fabric (tests, `python -m provision.local_triton`) reads the same file here, so
-every default lives in one place.
+fabric.yaml is the project's file, which Fabric reads for tasks.py: the tasks
+pass what Invoke merged (fabric.yaml, FABRIC_LAB_* variables, `fab -f FILE`)
+to settings(); code that runs outside Fabric (the benchmarks, `python -m
+provision.local_serving`, the tests) calls settings() with its own overrides
+or none. Either way the result is fabric.yaml's `lab:` section with the
+overrides merged in, key by key, as plain dicts and lists.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+from collections.abc import Mapping
 from functools import cache, lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -37,13 +41,28 @@ def _project_defaults() -> dict:
         return yaml.safe_load(file)["lab"]
 
 
-def defaults() -> dict:
-    """A fresh copy of the `lab:` section of fabric.yaml."""
-    return copy.deepcopy(_project_defaults())
+def _plain(value):
+    """Mappings and sequences of any kind (Invoke's DataProxy, say) as dicts and lists."""
+    if isinstance(value, Mapping) or hasattr(value, "items"):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
-def runtime_dir(settings: dict | None = None) -> Path:
-    """The local runtime folder (absolute)."""
-    settings = settings or defaults()
-    path = Path(settings["runtime_dir"])
+def _merged(base: dict, overrides: dict) -> dict:
+    merged = dict(base)
+    for key, value in overrides.items():
+        merged[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def settings(overrides: Mapping | None = None) -> dict:
+    """fabric.yaml's `lab:` section with `overrides` merged in key by key: a fresh, plain copy."""
+    return _merged(copy.deepcopy(_project_defaults()), _plain(overrides or {}))
+
+
+def runtime_dir(lab: dict | None = None) -> Path:
+    """The local runtime folder (absolute), from the given settings or fabric.yaml's."""
+    path = Path((lab or settings())["runtime_dir"])
     return path if path.is_absolute() else PROJECT_ROOT / path

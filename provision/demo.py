@@ -26,7 +26,7 @@ def fab(*args: str) -> str:
 
 
 def main() -> int:
-    settings = config.defaults()
+    settings = config.settings()
     report = None
     try:
         fab("provision", "--target", "local")

@@ -21,15 +21,11 @@ from pathlib import Path
 from provision import config, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookResult, run_playbook
-from provision.local_serving import weight_sources
-from provision.model_repo import is_smoke, model_names
+from provision.host.layout import LIB_DIR, reachable_address
+from provision.model_repo import model_names
+from provision.smoke_weights import is_smoke, weight_sources
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-# What the host's copy of the provision package needs: the process runtime and its modules.
-HOST_MODULES = (
-    "__init__.py", "background.py", "local_triton.py", "process_runtime.py", "container_runtime.py", "host_facts.py",
-    "image_build.py",
-)  # fmt: skip
 BLIP_ON_HOST = "weights/blip"
 
 
@@ -54,11 +50,10 @@ def stage_bundle(settings: dict, state: state_module.State) -> dict:
     bundle = bundle_dir()
     bundle.mkdir(parents=True, exist_ok=True)
 
-    lib = bundle / "lib" / "provision"
-    shutil.rmtree(lib, ignore_errors=True)
-    lib.mkdir(parents=True)
-    for module in HOST_MODULES:
-        shutil.copy2(PACKAGE_DIR / module, lib / module)
+    # The host's copy of this package: its __init__.py and host/, the code that runs there.
+    lib = bundle / LIB_DIR / "provision"
+    _replace_tree(PACKAGE_DIR / "host", lib / "host", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy2(PACKAGE_DIR / "__init__.py", lib / "__init__.py")
 
     _replace_tree(
         config.PROJECT_ROOT / "client_scripts",
@@ -110,6 +105,8 @@ def extravars(settings: dict, state: state_module.State) -> dict:
         "lab_controller_python": sys.executable,
         "lab_bundle_dir": str(bundle_dir()),
         "lab_bind_address": settings["bind_address"],
+        # Where the services answer on their own host (the deploy's checks, the model control).
+        "lab_reachable_address": reachable_address(settings["bind_address"]),
         "lab_ports": dict(settings["ports"]),
         "lab_models": model_names(),
         "lab_ready_timeout_s": int(settings["triton_ready_timeout_s"]),

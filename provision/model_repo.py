@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import jinja2
 
-from provision.config import MODEL_REPOSITORY, defaults
-from provision.smoke_weights import SMOKE_MARKER
+from provision.config import MODEL_REPOSITORY
+from provision.config import settings as lab_settings
+from provision.smoke_weights import is_smoke
 
 TEMPLATE_SUFFIX = ".j2"
 
@@ -67,7 +67,7 @@ class RenderValues:
         smoke: bool | None = None,
     ):
         """Values from the `lab` settings (fabric.yaml and its overrides)."""
-        models = (settings or defaults())["models"]
+        models = (settings or lab_settings())["models"]
         return cls(
             smoke=smoke,
             gpu_count=gpu_count,
@@ -80,14 +80,6 @@ class RenderValues:
             max_encoded_bytes=int(models["max_encoded_bytes"]),
             max_pixels=int(models["max_pixels"]),
         )
-
-
-def is_smoke(path: str) -> bool:
-    """Whether a weights file or folder carries the smoke-weights marker."""
-    if not path or not os.path.exists(path):
-        return False
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    return os.path.exists(os.path.join(folder, SMOKE_MARKER))
 
 
 def model_names(source: Path = MODEL_REPOSITORY) -> list[str]:
@@ -142,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     smoke.add_argument("--smoke-weights", dest="smoke", action="store_const", const=True, help="label as smoke weights")
     smoke.add_argument("--real-weights", dest="smoke", action="store_const", const=False, help="label as real weights")
     args = parser.parse_args(argv)
-    settings = defaults()
+    settings = lab_settings()
     if args.settings_json:
         settings["models"].update(json.loads(args.settings_json))
     values = RenderValues.from_settings(args.gpus, args.food11_weights, args.blip_source, settings, smoke=args.smoke)

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
+
+from provision import config
 
 # The models read the same name (serving_common.SMOKE_MARKER): they cannot import this package.
 SMOKE_MARKER = "SMOKE_WEIGHTS"
@@ -34,6 +37,24 @@ bread dairy product dessert egg fried food meat noodles pasta rice seafood soup 
 , . / - ##s
 """.split()
 _SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]"]
+
+
+def is_smoke(path: str) -> bool:
+    """Whether a weights file or folder carries the smoke-weights marker."""
+    if not path or not os.path.exists(path):
+        return False
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    return os.path.exists(os.path.join(folder, SMOKE_MARKER))
+
+
+def weight_sources(settings: dict) -> tuple[str, str]:
+    """(food11.pth path, BLIP source): the configured ones, else the smoke weights."""
+    smoke_dir = config.runtime_dir(settings) / "weights"
+    food11 = settings.get("food11_weights") or str(smoke_dir / FOOD11_FILE)
+    blip = settings.get("blip_source") or str(smoke_dir / BLIP_FOLDER)
+    if not settings.get("food11_weights") and not Path(food11).exists():
+        raise FileNotFoundError(f"no Food-11 weights at {food11}: run `make weights` or set lab.food11_weights")
+    return food11, blip
 
 
 def _marker_text(what: str) -> str:

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from provision import hosts as host_commands
-from provision.background import port_is_free, reachable_address
+from provision.host.background import port_is_free
+from provision.host.layout import TOKEN_FILE, reachable_address
 from provision.state import Host, State
 
 LOCAL_ADDRESS = "127.0.0.1"  # the tunnel's end here: the user's machine only, as on the host
@@ -81,7 +82,7 @@ def deployed_home(state: State, host: Host) -> str:
 def read_token(host: Host, home: str) -> str | None:
     """Jupyter's token from the host, or None when there is no token file (Jupyter not deployed)."""
     # "~/..." must reach the remote shell unquoted to expand there; the rest is quoted.
-    path = f"{home}/run/jupyter.token"
+    path = f"{home}/{TOKEN_FILE}"
     quoted = '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
     try:
         result = host_commands.run(host, f"cat -- {quoted}", timeout_s=30)

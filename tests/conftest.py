@@ -17,8 +17,8 @@ from fab_runner import Lab
 from sshd import start_sshd
 
 from provision import config, smoke_weights
-from provision.background import free_ports
-from provision.local_triton import TritonProcess, TritonRuntime
+from provision.host.background import free_ports
+from provision.host.tritonserver import TritonProcess, TritonRuntime
 from provision.model_repo import RenderValues, model_names, render
 
 # Parallel workers (pytest-xdist: gw0, gw1, ...) draw free ports from disjoint

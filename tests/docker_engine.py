@@ -17,7 +17,7 @@ The stand-ins:
   Python 3.11 and pip, imported with `docker import`, for python:3.11-slim-bookworm;
 - tritonserver: that, plus tritonserver 2.51 (the release in NGC 24.10) laid
   out at /opt/tritonserver from the nvidia-pytriton wheel, as
-  provision/local_triton.py lays it out for the process runtime.
+  provision/host/tritonserver.py lays it out for the process runtime.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from provision.local_triton import TritonRuntime  # noqa: E402
+from provision.host.tritonserver import TritonRuntime  # noqa: E402
 
 ENGINE_ROOT = PROJECT_ROOT / ".runtime" / "docker"
 SOCKET = ENGINE_ROOT / "docker.sock"

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from PIL import Image
 
 from provision import config, sample_images
-from provision.background import free_ports
-from provision.local_triton import TritonProcess
+from provision.host.background import free_ports
+from provision.host.tritonserver import TritonProcess
 from provision.perf import write_input_json
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.

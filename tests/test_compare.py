@@ -22,7 +22,7 @@ from conftest import new_lab, rendered_repository
 from helpers import bench_run, classify
 
 from provision import sample_images
-from provision.local_triton import TritonProcess, perf_analyzer_env
+from provision.host.tritonserver import TritonProcess, perf_analyzer_env
 from provision.perf import write_input_json
 
 # One worker runs them all (pytest-xdist's loadgroup): the module's two measured runs are made once.

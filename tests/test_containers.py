@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provision.config import PROJECT_ROOT, defaults
+from provision.config import PROJECT_ROOT
+from provision.config import settings as lab_settings
 from provision.runtimes import containers
 
-SETTINGS = defaults()
+SETTINGS = lab_settings()
 PORTS = SETTINGS["ports"]
 # The compute capabilities gpu_preflight reads on a node (provision/gpu_preflight.py).
 P100_NODE = ["6.0", "6.0"]  # Chameleon's gpu_p100: 2 x P100
@@ -235,7 +236,7 @@ def test_the_dockerfiles_stay_within_the_oldest_engine_the_docker_role_accepts(d
     ],
 )
 def test_fab_status_reads_the_containers_from_either_compose_listing(tmp_path, monkeypatch, listing):
-    from provision import container_runtime
+    from provision.host import container_runtime
 
     # A stand-in for the Docker CLI (no engine here), answering `docker compose --file F ps --all --format json`.
     (tmp_path / "bin").mkdir()
@@ -255,7 +256,7 @@ def test_fab_status_reads_the_containers_from_either_compose_listing(tmp_path, m
     ]  # fmt: skip
 
     # Nothing answers on these ports: the containers are listed, the services are not healthy.
-    from provision.background import free_ports
+    from provision.host.background import free_ports
 
     ports = dict(zip(["triton_http", "triton_grpc", "triton_metrics", "api", "jupyter"], free_ports(5)))
     status = container_runtime.status(tmp_path / "deploy", "127.0.0.1", ports)

@@ -26,7 +26,7 @@ from helpers import post_image
 from test_pipeline import changed_tasks, http_status, only_model_touched, served_instance_counts
 
 from provision import sample_images
-from provision.background import port_is_free
+from provision.host.background import port_is_free
 from provision.model_repo import model_names
 
 # One worker runs them all (pytest-xdist's loadgroup): they share the engine and the Compose project name.

@@ -126,10 +126,10 @@ def test_deploy_in_check_mode_walks_every_role_on_a_p100_host_and_changes_nothin
     compose = (lab.state_file.parent / "bundle" / "containers-127.0.0.1" / "compose.yaml").read_text()
     assert "0.0.0.0" not in compose and compose.count("127.0.0.1:") == 5
     assert "driver: nvidia" in compose
-    from provision.config import defaults
+    from provision.config import settings as lab_settings
     from provision.runtimes import containers
 
-    for_p100s = containers.images(defaults(), lab.state_file.parent / "bundle" / "build", ["6.0", "6.0"])["triton"]
+    for_p100s = containers.images(lab_settings(), lab.state_file.parent / "bundle" / "build", ["6.0", "6.0"])["triton"]
     assert f"image: {for_p100s['tag']}" in compose
     assert "--build-arg=REQUIRED_TORCH_ARCH=sm_60" in for_p100s["build_command"]
 
@@ -194,10 +194,10 @@ def test_teardown_of_a_docker_host_that_never_deployed_verifies_and_forgets(lab,
 
 def test_bench_measures_from_the_api_container_against_the_triton_container_with_gpu_metrics():
     from provision.bench import perf_runs
-    from provision.config import defaults
+    from provision.config import settings as lab_settings
     from provision.runtimes import triton_endpoints
 
-    settings = defaults()
+    settings = lab_settings()
     ports, quick = settings["ports"], settings["bench"]["quick"]
     docker = perf_runs(["food_classifier"], *triton_endpoints("docker", "127.0.0.1", ports), profile=quick)[0].command()
     assert docker[docker.index("-u") + 1] == f"triton:{ports['triton_http']}"

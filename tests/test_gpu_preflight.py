@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from provision import gpu_preflight
-from provision.config import PROJECT_ROOT, defaults
+from provision.config import PROJECT_ROOT
+from provision.config import settings as lab_settings
 
 RECORDED = Path(__file__).parent / "data" / "nvidia_smi"
-PINNED_TRITON = defaults()["docker"]["triton_image"]
-PINNED_TORCH_ARCHES = defaults()["docker"]["torch_cuda_arches"]
+PINNED_TRITON = lab_settings()["docker"]["triton_image"]
+PINNED_TORCH_ARCHES = lab_settings()["docker"]["torch_cuda_arches"]
 # torch >= 2.8 with CUDA 12.8: what `pip install torch` gives today, without Pascal.
 CU128_TORCH_ARCHES = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 

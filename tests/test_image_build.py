@@ -4,7 +4,7 @@ tests/test_docker_deploy.py)."""
 
 from __future__ import annotations
 
-from provision import image_build
+from provision.host import image_build
 
 IMAGE = {"name": "triton", "tag": "lab/triton:abc", "base": "base:1", "wheelhouse": "wheels/triton",
          "pip_download": ["-r", "model_repository/requirements.txt"]}  # fmt: skip

@@ -1,8 +1,10 @@
-"""The two axes of the pipeline, targets and runtimes, each declared once and routed by name."""
+"""The code's layout: host code apart from controller code; targets and runtimes, each declared once."""
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,84 @@ from provision import runtimes, targets
 
 ROOT = Path(__file__).resolve().parent.parent
 AXES = (ROOT / "provision" / "targets", ROOT / "provision" / "runtimes")
+HOST = ROOT / "provision" / "host"
 NAME_COMPARISON = re.compile(r"""(runtime|target)[]"')]* *(==|!=) *["'](docker|process|local|ssh|chameleon)["']""")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, tree: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(absolute module name, node) of every import in a file's tree, nested ones too."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.append((base, node))
+            found += [(f"{base}.{alias.name}", node) for alias in node.names]  # `from pkg import module`
+    return found
+
+
+def _optional_imports(tree: ast.AST) -> set[int]:
+    """ids of the imports inside `try: ... except ImportError`: probes of what a host has, not dependencies."""
+    probes = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(handler.type, ast.Name) and handler.type.id in ("ImportError", "ModuleNotFoundError")
+            for handler in node.handlers
+        ):
+            probes |= {id(inner) for statement in node.body for inner in ast.walk(statement)}
+    return probes
+
+
+def test_code_that_runs_on_the_hosts_imports_only_the_standard_library_and_itself():
+    found = []
+    for path in sorted(HOST.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        probes = _optional_imports(tree)
+        for name, node in _imports(path, tree):
+            if isinstance(node, ast.ImportFrom) and name != (node.module or ""):
+                continue  # a name taken from a module: the module itself is checked
+            standard = name.split(".")[0] in sys.stdlib_module_names
+            ours = name == "provision" or name == "provision.host" or name.startswith("provision.host.")
+            if not (standard or ours or id(node) in probes):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert found == [], "host code runs where only the standard library and provision/host/ are there"
+
+
+def test_no_module_of_provision_imports_one_that_imports_it_back():
+    paths = {_module_name(path): path for path in (ROOT / "provision").rglob("*.py")}
+    graph = {
+        name: {
+            imported
+            for imported, _ in _imports(path, ast.parse(path.read_text()))
+            # a module's own packages are imported with it: no edge to them
+            if imported in paths and imported != name and not name.startswith(imported + ".")
+        }
+        for name, path in paths.items()
+    }
+    cycles, done = [], set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        for imported in sorted(graph[name]):
+            if imported in trail:
+                cycles.append(" -> ".join(trail[trail.index(imported) :] + [imported]))
+            elif imported not in done:
+                visit(imported, trail + [imported])
+        done.add(name)
+
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert cycles == []
 
 
 def test_no_code_outside_the_two_axes_compares_their_names():

@@ -10,7 +10,7 @@ from provision import config
 from provision.lease_guard import LeaseTooShort, check_bench_fits, hours_to_extend, model_estimate_s, next_model_fits
 
 NOW = datetime(2026, 12, 6, 3, 0, tzinfo=timezone.utc)
-PROFILES = config.defaults()["bench"]
+PROFILES = config.settings()["bench"]
 
 
 def test_a_model_takes_three_windows_per_concurrency_level_and_some_overhead():

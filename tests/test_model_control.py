@@ -19,7 +19,7 @@ import tritonclient.http as triton_http
 from helpers import classify
 
 from provision import sample_images
-from provision.local_triton import TritonProcess
+from provision.host.tritonserver import TritonProcess
 from provision.model_repo import render
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.

@@ -21,7 +21,7 @@ from helpers import bench_run, classify
 from nbclient import NotebookClient
 
 from provision import config, sample_images
-from provision.local_triton import perf_analyzer_env
+from provision.host.tritonserver import perf_analyzer_env
 from provision.report import write_report
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.

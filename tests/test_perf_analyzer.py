@@ -11,7 +11,7 @@ import tritonclient.http as triton_http
 from helpers import classify
 
 from provision import sample_images
-from provision.local_triton import perf_analyzer_env
+from provision.host.tritonserver import perf_analyzer_env
 from provision.perf import GPU_COLUMNS, PerfRun, metrics_url, parse_csv, write_input_json
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.

@@ -27,7 +27,7 @@ from food11 import FOOD11_LABELS
 from helpers import post_image
 
 from provision import sample_images
-from provision.background import port_is_free
+from provision.host.background import port_is_free
 from provision.model_repo import model_names
 
 BENCH_MODELS = [

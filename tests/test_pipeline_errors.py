@@ -12,7 +12,7 @@ import pytest
 from conftest import new_lab
 from fab_runner import our_processes
 
-from provision.background import free_ports, port_is_free
+from provision.host.background import free_ports, port_is_free
 
 
 def test_an_unknown_target_names_the_choices(tmp_path):

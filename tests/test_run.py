@@ -17,7 +17,7 @@ import pytest
 from fab_runner import our_processes
 from test_pipeline import printed_lines
 
-from provision.background import port_is_free
+from provision.host.background import port_is_free
 
 pytestmark = pytest.mark.deploy
 

@@ -21,7 +21,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from provision import config, sample_images
-from provision.local_triton import TritonProcess
+from provision.host.tritonserver import TritonProcess
 from provision.model_repo import model_names
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.

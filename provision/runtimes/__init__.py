@@ -1,10 +1,10 @@
 """Runtimes: how the serving stack runs on a host. Each operation is declared once here.
 
 process  tritonserver, the API and Jupyter as processes from a virtualenv
-         (no Docker, no GPU needed); host side: provision.process_runtime
+         (no Docker, no GPU needed); host side: provision.host.process_runtime
 docker   both in containers built from Dockerfile.triton and Dockerfile.api,
          on GPU hosts with the NVIDIA container toolkit, on hosts without GPUs
-         as CPU images; host side: provision.container_runtime
+         as CPU images; host side: provision.host.container_runtime
 
 A call names the runtime first: `runtimes.triton_endpoints(state.runtime, bind, ports)`.
 The body of each function below is the default, used where the runtime's module
@@ -18,8 +18,8 @@ import shlex
 from pathlib import Path
 
 from provision import state as state_module
-from provision.background import reachable_address
 from provision.config import PROJECT_ROOT
+from provision.host.layout import LOG_FILES, RUN_DIR, reachable_address
 from provision.routing import router
 
 RUNTIMES = ("process", "docker")
@@ -30,10 +30,6 @@ class UnknownRuntime(ValueError):
 
 
 get, routed = router(__name__, RUNTIMES, UnknownRuntime, "runtime")
-
-# Each service's log file under the deploy folder's run/ (the process runtime writes them there).
-LOG_FILES = {"triton": "tritonserver.log", "api": "api.log", "jupyter": "jupyter.log"}
-
 
 def tasks_folder(runtime: str) -> str:
     """The runtime's Ansible task files (deploy.yml, teardown.yml), which the playbooks include."""
@@ -98,4 +94,4 @@ def logs_command(deployed: dict, service: str, lines: int) -> str:
 
 
 def log_file(deployed: dict, service: str) -> str:
-    return f"{deployed['home']}/run/{LOG_FILES[service]}"
+    return f"{deployed['home']}/{RUN_DIR}/{LOG_FILES[service]}"

@@ -12,7 +12,7 @@ The second part depends on the host's GPUs, so the role playbooks/roles/triton_d
 writes it once gpu_preflight has read them (`python -m provision.runtimes.containers stage`,
 run on the controller), with the images' build arguments for those GPUs (the
 torch architectures they need, or a CPU build). It then copies both to the
-host, builds the images that are missing (provision/image_build.py on the host:
+host, builds the images that are missing (provision/host/image_build.py on the host:
 a wheelhouse made by pip in the image's base with the host's pip settings, then
 `docker build`) and runs `docker compose up`. Paths in compose.yaml
 are relative to the deploy folder on the host (Compose resolves them against
@@ -35,8 +35,8 @@ from pathlib import Path
 import yaml
 
 from provision.config import PROJECT_ROOT
-from provision.container_runtime import TOKEN_FILE_ON_HOST
-from provision.local_triton import EXPLICIT_MODEL_CONTROL
+from provision.host.layout import TOKEN_FILE
+from provision.host.tritonserver import EXPLICIT_MODEL_CONTROL
 
 # Where things are inside the containers.
 MODELS_IN_CONTAINER = "/models"
@@ -131,7 +131,7 @@ def wheelhouse_downloads(settings: dict, gpu_capabilities: list[str]) -> dict[st
 
 
 def images(settings: dict, context: Path, gpu_capabilities: list[str]) -> dict[str, dict]:
-    """Each image for a staged build context and a host's GPUs, as provision/image_build.py builds it.
+    """Each image for a staged build context and a host's GPUs, as provision/host/image_build.py builds it.
 
     {"triton": {"name", "tag", "base", "dockerfile", "wheelhouse", "pip_download", "build_command"}, "api": {...}}
     """
@@ -236,7 +236,7 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
     return {
         "services": {"triton": triton, "api": api},
         "networks": {"lab": {"name": project, "driver": "bridge"}},
-        "secrets": {TOKEN_SECRET: {"file": f"./{TOKEN_FILE_ON_HOST}"}},
+        "secrets": {TOKEN_SECRET: {"file": f"./{TOKEN_FILE}"}},
     }
 
 

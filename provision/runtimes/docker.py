@@ -1,6 +1,6 @@
 """Runtime `docker`: Triton and the API in containers (Dockerfile.triton, Dockerfile.api).
 
-On the host, provision.container_runtime reports the containers and prints
+On the host, provision.host.container_runtime reports the containers and prints
 their logs through Compose; the images' torch is the Triton image's, whatever
 the target; perf_analyzer runs in the API container against the `triton`
 container. Ansible tasks: playbooks/runtimes/docker/.
@@ -50,7 +50,7 @@ def host_command(deployed: dict, subcommand: str) -> str:
     home = deployed["home"]
     return (
         f"PYTHONPATH={shlex.quote(home + '/lib')} {shlex.quote(deployed['host_python'])} "
-        f"-m provision.container_runtime --home {shlex.quote(home)} {subcommand}"
+        f"-m provision.host.container_runtime --home {shlex.quote(home)} {subcommand}"
     )
 
 

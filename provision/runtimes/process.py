@@ -1,6 +1,6 @@
 """Runtime `process`: tritonserver, the API and Jupyter as processes from a virtualenv.
 
-On the host, provision.process_runtime starts, stops and reports them; the
+On the host, provision.host.process_runtime starts, stops and reports them; the
 serving torch is the target's (runtimes.serving_pins' default). Ansible tasks:
 playbooks/runtimes/process/.
 """
@@ -14,5 +14,5 @@ def host_command(deployed: dict, subcommand: str) -> str:
     home = deployed["home"]
     return (
         f"PYTHONPATH={shlex.quote(home + '/lib')} {shlex.quote(deployed['serving_python'])} "
-        f"-m provision.process_runtime --config {shlex.quote(home + '/runtime.json')} {subcommand}"
+        f"-m provision.host.process_runtime --config {shlex.quote(home + '/runtime.json')} {subcommand}"
     )

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision.config import defaults as project_defaults
+from provision.config import settings as lab_settings
 from provision.state import Host, State
 from provision.targets import choose_runtime
 from provision.targets.chameleon.cloud import (
@@ -57,9 +57,7 @@ _OPTION_NAMES = {
 
 def config(settings: dict, options: dict | None = None) -> dict:
     """`settings["chameleon"]` over the project's defaults (fabric.yaml `lab.chameleon`), under the task's flags."""
-    defaults = project_defaults().get("chameleon") or {}
-    merged = {**defaults, **(settings.get("chameleon") or {})}
-    merged["timeouts"] = {**defaults.get("timeouts", {}), **(merged.get("timeouts") or {})}
+    merged = lab_settings({"chameleon": settings.get("chameleon") or {}})["chameleon"]
     for option, key in _OPTION_NAMES.items():
         value = (options or {}).get(option)
         if value not in (None, "", 0):

@@ -4,12 +4,12 @@ The deploy role copies this package to the host and drives it with one
 command per step; every command prints one JSON line whose "changed" field
 Ansible reads, so a second deploy with nothing changed reports no change.
 
-    python -m provision.process_runtime --config HOME/runtime.json install-triton
-    python -m provision.process_runtime --config HOME/runtime.json check-ports
-    python -m provision.process_runtime --config HOME/runtime.json start triton|api|jupyter
-    python -m provision.process_runtime --config HOME/runtime.json restart triton|api|jupyter
-    python -m provision.process_runtime --config HOME/runtime.json stop triton|api|jupyter|all
-    python -m provision.process_runtime --config HOME/runtime.json status
+    python -m provision.host.process_runtime --config HOME/runtime.json install-triton
+    python -m provision.host.process_runtime --config HOME/runtime.json check-ports
+    python -m provision.host.process_runtime --config HOME/runtime.json start triton|api|jupyter
+    python -m provision.host.process_runtime --config HOME/runtime.json restart triton|api|jupyter
+    python -m provision.host.process_runtime --config HOME/runtime.json stop triton|api|jupyter|all
+    python -m provision.host.process_runtime --config HOME/runtime.json status
 
 runtime.json (rendered by the role) names the paths and ports:
     {"home": ..., "serving_python": ..., "triton_wheel": ..., "bind_address": "127.0.0.1",
@@ -26,13 +26,12 @@ import os
 import secrets
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.background import BackgroundProcess, port_is_free
-from provision.local_triton import TritonError, TritonProcess, TritonRuntime, install
+from provision.host.background import BackgroundProcess, port_is_free
+from provision.host.layout import TOKEN_FILE, http_json, run_dir
+from provision.host.tritonserver import TritonError, TritonProcess, TritonRuntime, install
 
 SERVICES = ("triton", "api", "jupyter")
 
@@ -62,7 +61,7 @@ class RuntimeConfig:
 
     @property
     def run_dir(self) -> Path:
-        return self.home / "run"
+        return run_dir(self.home)
 
 
 def triton(config: RuntimeConfig) -> TritonProcess:
@@ -78,11 +77,7 @@ def triton(config: RuntimeConfig) -> TritonProcess:
 
 
 def _answers_200(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return http_json(url, timeout=2)[0] == 200
 
 
 def _launch_and_wait(service, what: str, timeout_s: float, cwd: Path | None = None) -> None:
@@ -150,7 +145,7 @@ class JupyterService:
 
     def __post_init__(self):
         self.process = BackgroundProcess("jupyter", self.config.run_dir, stop_timeout_s=10)
-        self.token_file = self.config.run_dir / "jupyter.token"
+        self.token_file = self.config.home / TOKEN_FILE
 
     @property
     def url(self) -> str:

@@ -3,10 +3,10 @@
 Runs on the GPU host with its system Python (standard library only), in the
 deploy folder that holds compose.yaml:
 
-    python3 -m provision.container_runtime --home ~/triton-lab status
-    python3 -m provision.container_runtime --home ~/triton-lab logs triton --lines 50
+    python3 -m provision.host.container_runtime --home ~/triton-lab status
+    python3 -m provision.host.container_runtime --home ~/triton-lab logs triton --lines 50
 
-`status` prints one JSON object shaped like provision.process_runtime's
+`status` prints one JSON object shaped like provision.host.process_runtime's
 (triton, api, jupyter: health, URLs, model states), with the container's
 name and state where that has a pid.
 """
@@ -18,22 +18,19 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from provision.background import reachable_address
+from provision.host.layout import RUNTIME_JSON, TOKEN_FILE, http_json, reachable_address
 
 # Relative to the deploy folder: compose.yaml hands it to the API container as a
 # secret; the process runtime keeps its token at the same path.
-TOKEN_FILE_ON_HOST = "run/jupyter.token"
 SERVICES = {"triton": "triton", "api": "api", "jupyter": "api"}  # fab's service -> compose service
 
 
 def compose(home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
     """`docker compose` on the deployment, with the engine the deploy used (runtime.json's docker_host)."""
     env = dict(os.environ)
-    runtime_json = home / "runtime.json"
+    runtime_json = home / RUNTIME_JSON
     docker_host = json.loads(runtime_json.read_text()).get("docker_host") if runtime_json.exists() else ""
     if docker_host:
         env["DOCKER_HOST"] = docker_host
@@ -64,30 +61,18 @@ def containers(home: Path) -> dict[str, dict]:
     }
 
 
-def _get(url: str, method: str = "GET", body: bytes | None = None):
-    """(status, parsed JSON or None); status 0 when nothing answers."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body, method=method), timeout=5) as response:
-            raw = response.read()
-            return response.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as error:
-        return error.code, None
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, None
-
-
 def status(home: Path, bind_address: str, ports: dict) -> dict:
     address = reachable_address(bind_address)  # a published port answers on the loopback too
     running = containers(home)
     triton_url = f"http://{address}:{ports['triton_http']}"
-    ready, _ = _get(f"{triton_url}/v2/health/ready")
-    _, index = _get(f"{triton_url}/v2/repository/index", method="POST", body=b"{}")
+    ready, _ = http_json(f"{triton_url}/v2/health/ready")
+    _, index = http_json(f"{triton_url}/v2/repository/index", method="POST", body=b"{}")
     api_url = f"http://{address}:{ports['api']}"
-    healthy, _ = _get(f"{api_url}/healthz")
+    healthy, _ = http_json(f"{api_url}/healthz")
     jupyter_url = f"http://{address}:{ports['jupyter']}"
-    token_file = home / TOKEN_FILE_ON_HOST
+    token_file = home / TOKEN_FILE
     token = token_file.read_text().strip() if token_file.exists() else ""
-    jupyter, _ = _get(f"{jupyter_url}/api/status?token={token}") if token else (0, None)
+    jupyter, _ = http_json(f"{jupyter_url}/api/status?token={token}") if token else (0, None)
 
     def container(service: str) -> str | None:
         info = running.get(service)
@@ -127,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         done = compose(home, "logs", "--no-color", "--tail", str(args.lines), SERVICES[args.service])
         sys.stdout.write(done.stdout + done.stderr)
         return done.returncode
-    runtime = json.loads((args.runtime_json or home / "runtime.json").read_text())
+    runtime = json.loads((args.runtime_json or home / RUNTIME_JSON).read_text())
     print(json.dumps({"changed": False, **status(home, runtime["bind_address"], runtime["ports"])}))
     return 0
 

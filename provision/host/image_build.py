@@ -4,7 +4,7 @@ Runs on the host with its system Python (standard library only), in the
 images' build context (the triton_docker role copies it there and passes one
 image of provision.runtimes.containers.images()):
 
-    python3 lib/provision/image_build.py --image-json '{"tag": ..., "base": ..., ...}' --log-dir run
+    python3 lib/provision/host/image_build.py --image-json '{"tag": ..., "base": ..., ...}' --log-dir run
 
 1. The wheelhouse. pip inside an image build sees neither the host's pip
    configuration (its index, find-links, CA bundle) nor the files it names.

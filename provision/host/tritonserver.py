@@ -5,17 +5,15 @@ The PyPI wheel nvidia-pytriton 0.7.0 carries a complete tritonserver 2.51.0
 backend, and tritonclient 2.51.0 carries perf_analyzer. `install` lays them
 out in a runtime folder; `TritonProcess` runs the server as a background
 process with a pid file and a log file. Only the standard library is used
-here, so the same file can run on any host that has the serving Python.
+here, so the same file can run on any host that has the serving Python
+(the process runtime drives it there: provision.host.process_runtime).
 
-    python -m provision.local_triton install
-    python -m provision.local_triton start --model-repository DIR
-    python -m provision.local_triton status
-    python -m provision.local_triton stop
+On the controller, `python -m provision.local_serving install|start|status|stop`
+is its command line for this machine.
 """
 
 from __future__ import annotations
 
-import argparse
 import filecmp
 import json
 import os
@@ -23,12 +21,11 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.background import BackgroundProcess, free_ports, port_is_free
+from provision.host.background import BackgroundProcess, free_ports, port_is_free
+from provision.host.layout import http_json
 
 DEFAULT_WHEEL = "nvidia-pytriton==0.7.0"
 # Every model loads at start, and a deploy (or `fab tune`) loads or unloads one
@@ -83,7 +80,7 @@ class TritonRuntime:
             return json.loads(self.manifest.read_text())
         except FileNotFoundError:
             raise TritonError(
-                f"no Triton runtime installed in {self.root}: run `python -m provision.local_triton install`"
+                f"no Triton runtime installed in {self.root}: run `python -m provision.local_serving install`"
             ) from None
 
 
@@ -181,13 +178,6 @@ def perf_analyzer_env(root: Path, base: dict | None = None) -> dict:
 
 
 # --------------------------------------------------------------------------- run
-
-
-def _http_json(url: str, method: str = "GET", body: bytes | None = None, timeout: float = 5):
-    request = urllib.request.Request(url, data=body, method=method)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        data = response.read()
-        return response.status, (json.loads(data) if data else None)
 
 
 @dataclass
@@ -300,17 +290,12 @@ class TritonProcess:
             time.sleep(0.5)
 
     def is_ready(self) -> bool:
-        try:
-            status, _ = _http_json(f"{self.url}/v2/health/ready", timeout=2)
-            return status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_json(f"{self.url}/v2/health/ready", timeout=2)[0] == 200
 
     def model_states(self) -> dict[str, str] | None:
         """{model: READY|UNAVAILABLE|LOADING...} from the repository index, None if unreachable."""
-        try:
-            _, index = _http_json(f"{self.url}/v2/repository/index", method="POST", body=b"{}", timeout=5)
-        except (urllib.error.URLError, OSError, ValueError):
+        status, index = http_json(f"{self.url}/v2/repository/index", method="POST", body=b"{}", timeout=5)
+        if status != 200:
             return None
         return {entry["name"]: entry.get("state", "UNKNOWN") for entry in index or []}
 
@@ -320,70 +305,3 @@ class TritonProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return self.process.log_tail(lines)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: list[str] | None = None) -> None:
-    from provision import config, local_serving
-
-    settings = config.defaults()
-    ports = settings["ports"]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runtime-dir", type=Path, default=config.runtime_dir(settings))
-    parser.add_argument(
-        "--model-repository",
-        type=Path,
-        help="a rendered repository (default: render the project's into RUNTIME_DIR/models)",
-    )
-    parser.add_argument("--http-port", type=int, default=ports["triton_http"])
-    parser.add_argument("--grpc-port", type=int, default=ports["triton_grpc"])
-    parser.add_argument("--metrics-port", type=int, default=ports["triton_metrics"])
-    commands = parser.add_subparsers(dest="command", required=True)
-    install_parser = commands.add_parser("install", help="lay out tritonserver for the serving Python")
-    install_parser.add_argument("--serving-python", default=sys.executable)
-    install_parser.add_argument("--wheel", default=settings["triton_wheel"])
-    start_parser = commands.add_parser("start", help="start and wait until every model is READY")
-    start_parser.add_argument("--timeout", type=float, default=settings["triton_ready_timeout_s"])
-    start_parser.add_argument("--model", action="append", dest="models", help="a model that must be READY")
-    commands.add_parser("stop", help="stop the server")
-    commands.add_parser("status", help="pid, readiness and model states")
-    args = parser.parse_args(argv)
-    settings["runtime_dir"] = str(args.runtime_dir)
-
-    def process() -> TritonProcess:
-        return local_serving.local_triton(
-            settings,
-            model_repository=args.model_repository,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-        )
-
-    try:
-        if args.command == "install":
-            runtime = install(args.runtime_dir / "triton", args.serving_python, args.wheel)
-            print(f"tritonserver 2.51 ready to run: {runtime.tritonserver}")
-        elif args.command == "start":
-            if args.model_repository is None:  # the project's own repository, rendered for this machine
-                repository, values = local_serving.render_local_repository(settings)
-                print(f"rendered {repository} for {values.gpu_count} GPU(s)")
-            server = process()
-            states = server.start(args.models, args.timeout)
-            print(f"tritonserver pid {server.pid()} at {server.url}, log {server.log_file}")
-            for model, state in sorted(states.items()):
-                print(f"  {model}: {state}")
-        elif args.command == "stop":
-            print("stopped" if process().stop() else "not running")
-        elif args.command == "status":
-            server = process()
-            print(f"pid: {server.pid() or 'not running'}; ready: {server.is_ready()}")
-            for model, state in sorted((server.model_states() or {}).items()):
-                print(f"  {model}: {state}")
-    except TritonError as error:
-        sys.exit(f"error: {error}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """What a benchmark ran on: CPU, GPUs, Python, torch and Triton versions (one JSON object).
 
 Runs on the serving host with the serving Python (standard library, plus torch
-if it imports):  python -m provision.host_facts --triton-url http://127.0.0.1:8000
+if it imports):  python -m provision.host.facts --triton-url http://127.0.0.1:8000
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import json
 import os
 import platform
 import subprocess
-import urllib.request
+
+from provision.host.layout import http_json
 
 
 def _cpu_model() -> str:
@@ -53,12 +54,10 @@ def _torch() -> dict:
 
 
 def _triton(url: str) -> dict:
-    try:
-        with urllib.request.urlopen(f"{url}/v2", timeout=5) as response:
-            metadata = json.loads(response.read())
-        return {"name": metadata.get("name"), "version": metadata.get("version")}
-    except (OSError, ValueError):
+    status, metadata = http_json(f"{url}/v2")
+    if status != 200 or not isinstance(metadata, dict):
         return {"version": None}
+    return {"name": metadata.get("name"), "version": metadata.get("version")}
 
 
 def collect(triton_url: str) -> dict:

@@ -19,11 +19,6 @@ from pathlib import Path
 LOG_TAIL_LINES = 40
 
 
-def reachable_address(bind_address: str) -> str:
-    """Where a service bound to bind_address answers on its own host: a wildcard bind on the loopback."""
-    return "127.0.0.1" if bind_address in ("0.0.0.0", "::", "") else bind_address
-
-
 def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
     """Whether nothing listens on `port` (binding it is the only reliable test)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
