@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provision import runtimes, targets
 
@@ -142,3 +143,22 @@ def test_a_target_without_an_operation_of_its_own_gets_the_declared_default():
     assert targets.deadline("ssh", None, settings) is None
     assert targets.default_runtime("ssh", settings) == "process"
     assert targets.default_runtime("chameleon", settings) == "docker"
+
+
+ROLES = sorted((ROOT / "playbooks" / "roles").glob("*/defaults/main.yml"))
+
+
+@pytest.mark.parametrize("defaults", ROLES, ids=lambda path: path.parent.parent.name)
+def test_a_role_s_defaults_are_plain_values_that_read_nothing_of_the_project(defaults):
+    text = defaults.read_text()
+    assert "{{" not in text, "a derived value belongs in the role's vars/main.yml"
+    assert "lab_" not in text and "lab." not in text, "the play maps the project's settings (vars/role_settings.yml)"
+
+
+def test_the_project_s_settings_reach_the_roles_in_one_place_under_names_the_roles_declare():
+    declared = {name for path in ROLES for name in yaml.safe_load(path.read_text())}
+    mapping = yaml.safe_load((ROOT / "playbooks" / "vars" / "role_settings.yml").read_text())
+    assert [name for name in mapping if name not in declared] == []
+    for play in ("deploy.yml", "teardown.yml"):
+        (loaded,) = yaml.safe_load((ROOT / "playbooks" / play).read_text())
+        assert loaded["vars_files"] == ["vars/role_settings.yml"], play
