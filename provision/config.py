@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Mapping
 from functools import cache, lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -43,7 +42,7 @@ def _project_defaults() -> dict:
 
 def _plain(value):
     """Mappings and sequences of any kind (Invoke's DataProxy, say) as dicts and lists."""
-    if isinstance(value, Mapping) or hasattr(value, "items"):
+    if hasattr(value, "items"):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
@@ -57,7 +56,7 @@ def _merged(base: dict, overrides: dict) -> dict:
     return merged
 
 
-def settings(overrides: Mapping | None = None) -> dict:
+def settings(overrides=None) -> dict:
     """fabric.yaml's `lab:` section with `overrides` merged in key by key: a fresh, plain copy."""
     return _merged(copy.deepcopy(_project_defaults()), _plain(overrides or {}))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from provision import config
 from provision.gpus import count_gpus
+from provision.host.layout import RUN_DIR
 from provision.host.tritonserver import TritonError, TritonProcess, install
 from provision.model_repo import RenderValues, render
 from provision.smoke_weights import weight_sources
@@ -40,7 +41,7 @@ def local_triton(settings: dict | None = None, model_repository: Path | None = N
     arguments = dict(
         runtime_root=runtime / "triton",
         model_repository=model_repository or runtime / "models",
-        state_dir=runtime / "run",
+        state_dir=runtime / RUN_DIR,
         http_port=ports["triton_http"],
         grpc_port=ports["triton_grpc"],
         metrics_port=ports["triton_metrics"],

@@ -145,6 +145,17 @@ def test_a_target_without_an_operation_of_its_own_gets_the_declared_default():
     assert targets.default_runtime("chameleon", settings) == "docker"
 
 
+def test_the_deploy_reaches_nothing_of_the_local_serving_stack():
+    paths = {_module_name(path): path for path in (ROOT / "provision").rglob("*.py")}
+    reached, waiting = set(), ["provision.deploy"]
+    while waiting:
+        name = waiting.pop()
+        reached.add(name)
+        imported = {module for module, _ in _imports(paths[name], ast.parse(paths[name].read_text()))}
+        waiting += [module for module in imported if module in paths and module not in reached]
+    assert "provision.local_serving" not in reached
+
+
 ROLES = sorted((ROOT / "playbooks" / "roles").glob("*/defaults/main.yml"))
 
 

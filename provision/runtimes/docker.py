@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 from provision import state as state_module
+from provision.host.layout import LIB_DIR
 from provision.runtimes import containers
 
 
@@ -49,7 +50,7 @@ def service_unit() -> str:
 def host_command(deployed: dict, subcommand: str) -> str:
     home = deployed["home"]
     return (
-        f"PYTHONPATH={shlex.quote(home + '/lib')} {shlex.quote(deployed['host_python'])} "
+        f"PYTHONPATH={shlex.quote(f'{home}/{LIB_DIR}')} {shlex.quote(deployed['host_python'])} "
         f"-m provision.host.container_runtime --home {shlex.quote(home)} {subcommand}"
     )
 

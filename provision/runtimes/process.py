@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import shlex
 
+from provision.host.layout import LIB_DIR, RUNTIME_JSON
+
 
 def host_command(deployed: dict, subcommand: str) -> str:
     home = deployed["home"]
     return (
-        f"PYTHONPATH={shlex.quote(home + '/lib')} {shlex.quote(deployed['serving_python'])} "
-        f"-m provision.host.process_runtime --config {shlex.quote(home + '/runtime.json')} {subcommand}"
+        f"PYTHONPATH={shlex.quote(f'{home}/{LIB_DIR}')} {shlex.quote(deployed['serving_python'])} "
+        f"-m provision.host.process_runtime --config {shlex.quote(f'{home}/{RUNTIME_JSON}')} {subcommand}"
     )
