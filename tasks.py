@@ -22,6 +22,7 @@ from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
 from provision.bench import BenchError, results_root
 from provision.lease_guard import LeaseTooShort
+from provision.model_repo import TuningError, read_tuned
 from provision.teardown import TeardownError
 from provision.tunnel import TunnelError
 
@@ -159,20 +160,26 @@ def _forget_a_state_that_holds_nothing() -> None:
     help={
         "check": "dry run (Ansible check mode): show what would change, change nothing",
         "publish": "listen on every address of the hosts, not 127.0.0.1 (open to the internet on Chameleon)",
+        "models_from": "a best.json of `fab tune` (results/<run-id>/tune/best.json): deploy its model settings",
     }
 )
 @_fails_cleanly(
     PlaybookError,
     FileNotFoundError,
+    TuningError,
     again="\n\nfix it and run `fab deploy` again (it continues where it stopped)",
     interrupted="\n`fab deploy` continues where it stopped",
 )
-def deploy(c, check=False, publish=False):
+def deploy(c, check=False, publish=False, models_from=""):
     """Set up the hosts and start Triton and the API (a second run changes nothing)."""
     from provision.deploy import deploy as run_deploy
 
     state = _state()
     settings = _settings(c)
+    if models_from:
+        tuned = read_tuned(models_from)
+        settings["models"]["tuned"] = {**settings["models"].get("tuned", {}), **tuned}
+        print(f"model settings from {models_from}: " + "; ".join(f"{m} {s}" for m, s in tuned.items()))
     if publish:
         settings["bind_address"] = "0.0.0.0"
         print("warning: --publish: the services listen on every address; on Chameleon (no security groups) "

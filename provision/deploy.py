@@ -22,7 +22,7 @@ from provision import config, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookResult, run_playbook
 from provision.host.layout import LIB_DIR, reachable_address
-from provision.model_repo import model_names
+from provision.model_repo import check_tuned, model_names
 from provision.smoke_weights import is_smoke, weight_sources
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -125,6 +125,7 @@ def deploy(
 
     check: Ansible's check mode: report what would change, change nothing (the state included).
     """
+    check_tuned(settings)  # a wrong lab.models.tuned stops here, before any host is touched
     staged = stage_bundle(settings, state)
     variables = extravars(settings, state) | {
         "lab_smoke_weights": staged["smoke_weights"],

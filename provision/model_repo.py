@@ -3,7 +3,10 @@
 The source tree keeps one copy of everything: the classifier variants link to
 food_classifier/1/*.py, and every config is a jinja2 template
 (config.pbtxt.j2) whose host-dependent parts (GPU instance groups, weight
-paths) are filled in here. The rendered tree has plain files only, so it can
+paths) are filled in here. A model's serving settings (instances, batch
+sizes, queue delay, GPUs) are declared once, with their defaults, by the
+`tuning(...)` call at the top of its template; `lab.models.tuned.<model>`
+(fab tune's winner, `fab deploy --models-from`, or your own) overrides them. The rendered tree has plain files only, so it can
 be copied anywhere (a container volume, a remote host).
 
     python -m provision.model_repo render DEST --gpus 0 --food11-weights W --blip-source B
@@ -14,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -24,6 +27,10 @@ from provision.config import settings as lab_settings
 from provision.smoke_weights import is_smoke
 
 TEMPLATE_SUFFIX = ".j2"
+
+
+class TuningError(ValueError):
+    """A model's tuned settings do not fit its template or the host; the message says which setting."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class RenderValues:
     # None: detect from the weights' SMOKE_WEIGHTS markers. Set it when the
     # paths are those of another host, where this machine cannot look.
     smoke: bool | None = None
+    # model -> the settings its template's tuning(...) takes, overriding their defaults.
+    tuned: dict = field(default_factory=dict)
 
     @property
     def smoke_weights(self) -> bool:
@@ -56,6 +65,29 @@ class RenderValues:
 
     def context(self) -> dict:
         return {**asdict(self), "smoke_weights": self.smoke_weights}
+
+    def tuning(self, model: str, **defaults) -> dict:
+        """What a template's tuning(...) returns: its defaults, overridden by lab.models.tuned.<model>."""
+        chosen = dict(self.tuned.get(model) or {})
+        where = f"lab.models.tuned.{model}"
+        unknown = sorted(set(chosen) - set(defaults))
+        if unknown:
+            raise TuningError(f"{where}: {model} takes {', '.join(defaults)}; not {', '.join(unknown)}")
+        settings = {**defaults, **chosen}
+        for name, least in {"instance_count": 1, "max_batch_size": 1, "max_queue_delay_us": 0}.items():
+            value = settings.get(name, least)
+            if not isinstance(value, int) or value < least:
+                raise TuningError(f"{where}.{name} is {value!r}: expected a whole number >= {least}")
+        preferred = settings.get("preferred_batch_size", [])
+        if any(not isinstance(size, int) or not 1 <= size <= settings["max_batch_size"] for size in preferred):
+            raise TuningError(
+                f"{where}.preferred_batch_size is {preferred!r}: each size must be 1..max_batch_size ({settings['max_batch_size']})"
+            )
+        if "gpus" in chosen and self.gpu_count > 0 and not 1 <= chosen["gpus"] <= self.gpu_count:
+            raise TuningError(f"{where}.gpus is {chosen['gpus']!r}: this host has {self.gpu_count} GPU(s)")
+        if self.gpu_count == 0 and "gpus" in settings:
+            settings["gpus"] = 0  # no GPU on this host: the template renders CPU instances
+        return settings
 
     @classmethod
     def from_settings(
@@ -79,6 +111,7 @@ class RenderValues:
             gpu_decode=bool(models.get("gpu_decode", False)),
             max_encoded_bytes=int(models["max_encoded_bytes"]),
             max_pixels=int(models["max_pixels"]),
+            tuned=dict(models.get("tuned") or {}),
         )
 
 
@@ -98,7 +131,21 @@ def render_config(model: str, values: RenderValues, source: Path = MODEL_REPOSIT
         undefined=jinja2.StrictUndefined,  # a missing value is an error, not an empty string
         keep_trailing_newline=True,
     )
-    return environment.get_template(f"{model}/config.pbtxt{TEMPLATE_SUFFIX}").render(values.context())
+    context = values.context() | {"tuning": lambda **defaults: values.tuning(model, **defaults)}
+    return environment.get_template(f"{model}/config.pbtxt{TEMPLATE_SUFFIX}").render(context)
+
+
+def tunable_settings(model: str, values: RenderValues, source: Path = MODEL_REPOSITORY) -> dict | None:
+    """The settings a model's template takes (with their values for `values`), or None: it takes none."""
+    seen: list[dict] = []
+
+    def tuning(**defaults) -> dict:
+        seen.append(values.tuning(model, **defaults))
+        return seen[-1]
+
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(source)), undefined=jinja2.StrictUndefined)
+    environment.get_template(f"{model}/config.pbtxt{TEMPLATE_SUFFIX}").render(values.context() | {"tuning": tuning})
+    return seen[0] if seen else None
 
 
 def render(destination: Path, values: RenderValues, source: Path = MODEL_REPOSITORY) -> list[str]:
@@ -121,6 +168,33 @@ def render(destination: Path, values: RenderValues, source: Path = MODEL_REPOSIT
     return names
 
 
+def read_tuned(path: str | Path) -> dict[str, dict]:
+    """A tune's best.json (results/<run-id>/tune/best.json) -> {model: its settings}, for lab.models.tuned."""
+    path = Path(path)
+    try:
+        best = json.loads(path.read_text())
+        return {best["model"]: dict(best["settings"])}
+    except FileNotFoundError:
+        raise TuningError(f"{path}: no such file (fab tune writes results/<run-id>/tune/best.json)") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise TuningError(f"{path} is not a best.json of fab tune ({error!r}): it needs \"model\" and \"settings\"") from None
+
+
+def check_tuned(settings: dict, source: Path = MODEL_REPOSITORY) -> None:
+    """Raise TuningError, before anything is deployed, when lab.models.tuned names a model or a setting wrongly.
+
+    The GPU count is the host's, known only when the repository is rendered
+    there: it is checked then.
+    """
+    values = RenderValues.from_settings(0, "/weights/food11.pth", "blip", settings, smoke=False)
+    names = model_names(source)
+    for model in values.tuned:
+        if model not in names:
+            raise TuningError(f"lab.models.tuned names {model!r}: no such model (the models: {', '.join(names)})")
+        if tunable_settings(model, values, source) is None:
+            raise TuningError(f"lab.models.tuned names {model!r}: it has no serving settings to tune")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -138,7 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.settings_json:
         settings["models"].update(json.loads(args.settings_json))
     values = RenderValues.from_settings(args.gpus, args.food11_weights, args.blip_source, settings, smoke=args.smoke)
-    for name in render(args.destination, values):
+    try:
+        names = render(args.destination, values)
+    except TuningError as error:
+        parser.exit(2, f"error: {error}\n")
+    for name in names:
         print(f"rendered {args.destination / name / 'config.pbtxt'}")
 
 

@@ -10,7 +10,16 @@ import torch
 from food11 import FOOD11_LABELS, Food11Classifier, WeightsError, build_network
 
 from provision import config, sample_images
-from provision.model_repo import RenderValues, model_names, render, render_config
+from provision.model_repo import (
+    RenderValues,
+    TuningError,
+    check_tuned,
+    model_names,
+    read_tuned,
+    render,
+    render_config,
+    tunable_settings,
+)
 
 CLASSIFIERS = ["food_classifier", "gpu_food_classifier", "batching_food_classifier", "multigpu_food_classifier"]
 ALL_MODELS = sorted(CLASSIFIERS + ["conditional_captioning", "ensemble"])
@@ -133,3 +142,62 @@ def test_wrong_weights_are_refused_with_a_clear_error(tmp_path):
     torch.save(build_network(num_classes=10), ten_classes)
     with pytest.raises(WeightsError, match="10 outputs"):
         Food11Classifier(ten_classes)
+
+
+# -- serving settings: declared once in each template, overridden by lab.models.tuned
+
+
+def test_each_model_declares_its_serving_settings_once_in_its_template():
+    cpu, gpus = values(0), values(2)
+    assert tunable_settings("food_classifier", cpu) == {"instance_count": 1}
+    assert tunable_settings("batching_food_classifier", gpus) == {
+        "max_batch_size": 16, "preferred_batch_size": [4, 8], "max_queue_delay_us": 100, "instance_count": 1, "gpus": 1,
+    }  # fmt: skip
+    assert tunable_settings("multigpu_food_classifier", gpus)["gpus"] == 2, "every GPU of the host"
+    assert tunable_settings("batching_food_classifier", cpu)["gpus"] == 0, "no GPU: CPU instances"
+    assert tunable_settings("ensemble", cpu) is None, "an ensemble has no instances or batching of its own"
+
+
+def test_tuned_settings_are_rendered_into_the_config():
+    tuned = {"instance_count": 3, "gpus": 2, "max_batch_size": 8, "preferred_batch_size": [8], "max_queue_delay_us": 0}
+    text = render_config("batching_food_classifier", values(2, tuned={"batching_food_classifier": tuned}))
+    assert "max_batch_size: 8\n" in text
+    assert re.search(r"dynamic_batching \{\s+preferred_batch_size: \[ 8 \]\s+max_queue_delay_microseconds: 0\s+\}", text)
+    groups = instance_groups(text)
+    assert [("count: 3" in g, f"gpus: [ {i} ]" in g) for i, g in enumerate(groups)] == [(True, True)] * 2
+    no_preferred = {"batching_food_classifier": {"preferred_batch_size": []}}
+    assert "preferred_batch_size" not in render_config("batching_food_classifier", values(0, tuned=no_preferred))
+    cpu = render_config("food_classifier", values(0, tuned={"food_classifier": {"instance_count": 2}}))
+    assert ["KIND_CPU" in g and "count: 2" in g for g in instance_groups(cpu)] == [True]
+
+
+@pytest.mark.parametrize(
+    ("tuned", "message"),
+    [
+        ({"batching_food_classifier": {"threads": 2}}, "batching_food_classifier takes max_batch_size, "),
+        ({"batching_food_classifier": {"max_batch_size": 4}}, "preferred_batch_size is [4, 8]: each size must be 1..max_batch_size (4)"),
+        ({"batching_food_classifier": {"gpus": 3}}, "gpus is 3: this host has 2 GPU(s)"),
+        ({"food_classifier": {"instance_count": 0}}, "food_classifier.instance_count is 0: expected a whole number >= 1"),
+        ({"food_classifier": {"max_batch_size": 8}}, "food_classifier takes instance_count; not max_batch_size"),
+    ],
+)
+def test_wrong_tuned_settings_name_the_setting(tuned, message):
+    (model,) = tuned
+    with pytest.raises(TuningError) as raised:
+        render_config(model, values(2, tuned=tuned))
+    assert message in str(raised.value) and f"lab.models.tuned.{model}" in str(raised.value)
+
+
+def test_a_deploy_checks_the_tuned_models_before_touching_a_host(tmp_path):
+    settings = config.settings({"models": {"tuned": {"ensemble": {"instance_count": 2}}}})
+    with pytest.raises(TuningError, match="'ensemble': it has no serving settings to tune"):
+        check_tuned(settings)
+    with pytest.raises(TuningError, match="'resnet': no such model"):
+        check_tuned(config.settings({"models": {"tuned": {"resnet": {}}}}))
+    check_tuned(config.settings({"models": {"tuned": {"food_classifier": {"instance_count": 2}}}}))
+    best = tmp_path / "best.json"
+    best.write_text('{"model": "food_classifier", "settings": {"instance_count": 2}, "measured": {}}')
+    assert read_tuned(best) == {"food_classifier": {"instance_count": 2}}
+    best.write_text("{}")
+    with pytest.raises(TuningError, match="is not a best.json of fab tune"):
+        read_tuned(best)
