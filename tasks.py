@@ -24,6 +24,7 @@ from provision.bench import BenchError, results_root
 from provision.lease_guard import LeaseTooShort
 from provision.model_repo import TuningError, read_tuned
 from provision.teardown import TeardownError
+from provision.tune import TuneError
 from provision.tunnel import TunnelError
 
 compare_runs = config.client_script("compare_runs")
@@ -206,6 +207,39 @@ def bench(c, quick=False, model=None):
     results = run_bench(_settings(c), _state(), models=model or None, quick=quick, say=print)
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
+    return results
+
+
+@task(
+    help={
+        "model": "the model to tune, e.g. batching_food_classifier",
+        "p99_ms": "latency budget: p99 in milliseconds at the chosen concurrency",
+        "quick": "fewer values per setting and short measurements (a few minutes on a small machine)",
+        "max_gpus": "use at most this many of the host's GPUs (default: all)",
+        "concurrency": "perf_analyzer's --concurrency-range start:end:step (default: the bench profile's)",
+        "batch_sizes": "max_batch_size values to try, comma-separated (default 1,2,4,8,16,32; quick 4,8,16)",
+    }
+)
+@_fails_cleanly(TuneError, TuningError, PlaybookError, LeaseTooShort)
+def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=""):
+    """Find the model's serving settings with the most throughput under a p99 budget, on the deployed host.
+
+    Candidates are rendered from the model's template and loaded into the
+    running Triton one at a time; the deployed configuration is put back at
+    the end. Writes results/<run-id>/tune/ (candidates.csv, best.json,
+    pareto.png) and report.md; `fab deploy --models-from .../tune/best.json`
+    deploys the winner.
+    """
+    from provision.tune import tune as run_tune
+
+    sizes = [int(size) for size in batch_sizes.split(",") if size.strip()] if batch_sizes else None
+    results = run_tune(
+        _settings(c), _state(), model, float(p99_ms), quick=quick, max_gpus=int(max_gpus) or None,
+        concurrency=concurrency, batch_sizes=sizes, say=print,
+    )  # fmt: skip
+    print(f"results: {results / 'tune'}")
+    print(f"report: {results / 'report.md'}")
+    print(f"deploy the best: fab deploy --models-from {results / 'tune' / 'best.json'}")
     return results
 
 

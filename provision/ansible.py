@@ -118,8 +118,9 @@ def run_playbook(
     extravars: dict,
     say: Callable[[str], None] = print,
     check: bool = False,
+    limit: str | None = None,
 ) -> PlaybookResult:
-    """Run playbooks/<playbook> on the provisioned inventory; raise PlaybookError on failure."""
+    """Run playbooks/<playbook> on the provisioned inventory (or its hosts that `limit` names); raise PlaybookError on failure."""
     import ansible_runner
 
     private = state_file().parent / "ansible"
@@ -129,7 +130,7 @@ def run_playbook(
     handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
     mark = f"lab_playbook_run={uuid.uuid4().hex}"  # on the command line of this run's every Ansible process
     try:
-        runner = _run(ansible_runner, private, playbook, extravars, check, progress, mark)
+        runner = _run(ansible_runner, private, playbook, extravars, check, progress, mark, limit)
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():
@@ -151,13 +152,14 @@ def run_playbook(
     )
 
 
-def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: bool, progress, mark: str):
+def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: bool, progress, mark: str, limit):
     venv_bin = str(Path(sys.executable).parent)  # ansible-playbook lives beside our Python
     return ansible_runner.run(
         private_data_dir=str(private),
         playbook=str(PLAYBOOKS / playbook),
         inventory=str(inventory_file()),
         extravars=extravars,
+        limit=limit,
         cmdline=f"{'--check ' if check else ''}--extra-vars {mark}",
         envvars={
             "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")]),

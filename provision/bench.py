@@ -56,7 +56,7 @@ def perf_runs(models: list[str], url: str, metrics_url: str | None = None, *, pr
     ]
 
 
-def _git_commit() -> dict:
+def git_commit() -> dict:
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=config.PROJECT_ROOT, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
@@ -134,7 +134,7 @@ def bench(
         input_encoding=encoding,
         commands={run.model: shlex.join(run.command()) for run in measured},
         smoke_weights=bool(state.deploy.get("smoke_weights")),
-        git=_git_commit(),
+        git=git_commit(),
         partial=partial,
     )
     if partial:

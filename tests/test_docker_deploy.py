@@ -19,6 +19,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import docker_engine
 import pytest
@@ -124,6 +125,18 @@ def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab,
     second = lab.fab("deploy").stdout
     assert "deploy complete: no changes" in second and changed_tasks(second) == []
     assert {name: started_at(name) for name in (triton, api)} == before
+
+    # fab tune loads its candidates into the running Triton container and puts the deployed config back:
+    # nothing restarted, and a deploy afterwards finds nothing to change.
+    tuned = lab.fab(
+        "tune", "--model", "batching_food_classifier", "--p99-ms", "5000", "--quick", "--concurrency", "2:2:2",
+        "--batch-sizes", "8", timeout=1800,
+    ).stdout  # fmt: skip
+    best = json.loads((Path(re.search(r"results: (\S+)\n", tuned).group(1)) / "best.json").read_text())
+    assert best["runtime"] == "docker" and best["measured"]["p99_ms"] <= 5000
+    assert best["configurations_measured"] < best["configurations_in_grid"]
+    assert {name: started_at(name) for name in (triton, api)} == before
+    assert "deploy complete: no changes" in lab.fab("deploy").stdout
 
     # A changed model config is loaded into the running Triton container: no restart, no build.
     lab.extra_env["FABRIC_LAB_MODELS_INSTANCES_PER_GPU"] = "2"

@@ -1,0 +1,552 @@
+"""fab tune: the serving settings of one model that give the most throughput under a p99 latency budget.
+
+The search runs against the deployed Triton on the (first) host, through the
+same pieces as fab deploy and fab bench:
+
+- a candidate is the model's template (model_repository/<model>/config.pbtxt.j2)
+  rendered with other values for the settings its `tuning(...)` call declares
+  (provision.model_repo): instance count, max_batch_size, preferred batch
+  sizes, queue delay, GPUs;
+- playbooks/tune.yml writes it over the deployed config.pbtxt, loads it into the
+  running server (explicit model control: the other models keep serving, nothing
+  restarts), and measures it with bench.yml's perf_analyzer run;
+- the deployed config is fetched before the first candidate and put back (and
+  loaded) at the end, whatever happened in between.
+
+The search is greedy, one setting at a time, in DIMENSIONS' order: from the
+deployed settings (measured first), try the setting's values in ascending order
+and stop growing it as soon as a value breaks the budget or does not raise the
+throughput by MIN_GAIN; keep the setting's best value and go on to the next.
+A candidate's score is its highest throughput at a concurrency whose p99 is
+within the budget. How many configurations that measured out of the full grid
+is in the report.
+
+Triton Model Analyzer (triton-model-analyzer 1.46.0, tried against this Triton
+2.51) is not used: its remote mode profiles only the config the server already
+has, and its local mode starts a server of its own per configuration and writes
+the configs itself, not from our templates (README: fab tune).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from provision import interrupts, runtimes, targets
+from provision import state as state_module
+from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
+from provision.bench import git_commit, perf_runs, results_root
+from provision.deploy import docker_environment
+from provision.host.layout import reachable_address
+from provision.lease_guard import check_bench_fits
+from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
+from provision.perf import parse_csv
+from provision.sample_images import jpeg
+
+# The order in which the settings are searched: the ones that decide the most first.
+DIMENSIONS = ("instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "gpus")
+# The values tried, in ascending order (preferred_batch_size: derived from max_batch_size).
+VALUES = {
+    "full": {
+        "instance_count": [1, 2, 3, 4],
+        "max_batch_size": [1, 2, 4, 8, 16, 32],
+        "max_queue_delay_us": [0, 100, 500, 1000, 5000],
+    },
+    "quick": {
+        "instance_count": [1, 2],
+        "max_batch_size": [4, 8, 16],
+        "max_queue_delay_us": [100, 1000],
+    },
+}
+# A larger value is kept only if it raises the throughput by this much (the rest is noise).
+MIN_GAIN = 0.05
+CLOSEST_MISSES = 3
+CSV_FIELDS = [
+    "candidate", "instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "gpus",
+    "meets_budget", "concurrency", "throughput", "p50_ms", "p95_ms", "p99_ms", "gpu_utilization", "gpu_memory_mb",
+]  # fmt: skip
+
+
+class TuneError(RuntimeError):
+    """The tune cannot start or found nothing within the budget; the message says what to do."""
+
+
+@dataclass
+class Candidate:
+    """One configuration of the model and what perf_analyzer measured at each concurrency."""
+
+    number: int
+    settings: dict
+    rows: list[dict] = field(default_factory=list)
+    error: str = ""  # why it was not measured (Triton refused the config, no stable measurement)
+
+    def within(self, budget_ms: float) -> list[dict]:
+        return [row for row in self.rows if row["p99_us"] <= budget_ms * 1000]
+
+    def best_row(self, budget_ms: float) -> dict | None:
+        """The concurrency with the most throughput within the budget; None: none is within it."""
+        return max(self.within(budget_ms), key=lambda row: row["throughput"], default=None)
+
+    def score(self, budget_ms: float) -> float:
+        row = self.best_row(budget_ms)
+        return row["throughput"] if row else 0.0
+
+    def closest_row(self) -> dict | None:
+        """The concurrency with the lowest p99 (for a candidate that misses the budget)."""
+        return min(self.rows, key=lambda row: row["p99_us"], default=None)
+
+    def describe(self, budget_ms: float) -> str:
+        row = self.best_row(budget_ms) or self.closest_row()
+        figures = (
+            f"{row['throughput']:.1f} infer/s, p99 {row['p99_us'] / 1000:.1f} ms at concurrency {row['concurrency']}"
+            if row
+            else f"not measured: {self.error}"
+        )
+        return f"{format_settings(self.settings)}: {figures}"
+
+
+def format_settings(settings: dict) -> str:
+    return ", ".join(f"{name} {value}" for name, value in settings.items())
+
+
+def grid_size(baseline: dict, values: dict, gpu_count: int) -> int:
+    """How many configurations a full grid over the same values would measure."""
+    size = 1
+    for name in DIMENSIONS:
+        size *= len(values_to_try(name, baseline, values, gpu_count)) or 1
+    return size
+
+
+def values_to_try(name: str, current: dict, values: dict, gpu_count: int) -> list:
+    """The values of one setting, ascending; [] where the model or the host has no such setting to vary."""
+    if name not in current:
+        return []
+    if name == "gpus":
+        return list(range(1, gpu_count + 1)) if gpu_count > 1 else []
+    if name == "preferred_batch_size":
+        # Triton reads no preferred size as [max_batch_size]: those two are one configuration.
+        largest = current["max_batch_size"]
+        return [[largest], [largest // 2, largest]] if largest >= 4 else [[largest]]
+    return values[name]
+
+
+def with_setting(settings: dict, name: str, value) -> dict:
+    """settings with one setting changed; preferred sizes above a smaller max_batch_size are dropped."""
+    changed = {**settings, name: value}
+    if name == "max_batch_size" and "preferred_batch_size" in changed:
+        changed["preferred_batch_size"] = [size for size in changed["preferred_batch_size"] if size <= value]
+    return changed
+
+
+def search(
+    measure: Callable[[dict], Candidate], baseline: dict, budget_ms: float, values: dict, gpu_count: int
+) -> tuple[list[Candidate], Candidate]:
+    """The greedy search (module docstring): (every candidate measured, in order; the one it settled on).
+
+    Along each setting a larger value is kept only when it raises the throughput
+    within the budget by MIN_GAIN: a value that gains less, or breaks the budget,
+    ends that setting. The settled candidate may still miss the budget (score 0)
+    when every candidate does.
+    """
+    measured: list[Candidate] = []
+
+    def candidate(settings: dict) -> Candidate:
+        for seen in measured:
+            if seen.settings == settings:
+                return seen
+        measured.append(measure(settings))
+        return measured[-1]
+
+    current = candidate(baseline)
+    for name in DIMENSIONS:
+        kept = None
+        for value in values_to_try(name, current.settings, values, gpu_count):
+            tried = candidate(with_setting(current.settings, name, value))
+            if kept is not None and (
+                not tried.within(budget_ms) or tried.score(budget_ms) < kept.score(budget_ms) * (1 + MIN_GAIN)
+            ):
+                break  # growing this setting broke the budget or stopped paying
+            kept = tried
+        if kept is not None and kept.score(budget_ms) >= current.score(budget_ms):
+            current = kept
+    return measured, current
+
+
+# --------------------------------------------------------------------------- on the host
+
+
+@dataclass
+class Tune:
+    """One fab tune: its host, folders and the playbook variables every run shares."""
+
+    settings: dict
+    state: state_module.State
+    model: str
+    budget_ms: float
+    profile: str
+    concurrency: str
+    say: Callable[[str], None]
+
+    def __post_init__(self):
+        self.host = self.state.hosts[0].name
+        self.deployed_host = self.state.deploy["hosts"][self.host]
+        self.gpu_count = int(self.deployed_host.get("gpu_count") or 0)
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{self.state.target}-tune"
+        self.results = results_root(self.settings) / self.run_id
+        self.folder = self.results / "tune"
+        self.folder.mkdir(parents=True)
+        (self.results / "input.jpg").write_bytes(jpeg())
+        bench_profile = dict(self.settings["bench"][profile_name(self.profile)])
+        self.perf_profile = {
+            **bench_profile,
+            "concurrency_range": self.concurrency or bench_profile["concurrency_range"],
+        }
+        bind, ports = self.state.deploy["bind_address"], self.state.deploy["ports"]
+        (self.perf_run,) = perf_runs(
+            [self.model], *runtimes.triton_endpoints(self.state.runtime, bind, ports), profile=self.perf_profile
+        )
+        self.common = {
+            "lab_run_id": self.run_id,
+            "lab_docker_environment": docker_environment(self.settings),
+            "lab_hosts": self.state.deploy["hosts"],
+            "lab_bench_places": {self.host: runtimes.bench_place(self.state.runtime, self.deployed_host, self.run_id)},
+            "lab_reachable_address": reachable_address(bind),
+            "lab_ports": ports,
+            "lab_models": model_names(),
+            "lab_input_image": str(self.results / "input.jpg"),
+            "lab_bench_input_encoding": self.settings["bench"].get("input_encoding", "raw"),
+            "lab_tune_model": self.model,
+            "lab_tune_deployed": str(self.folder / "deployed.pbtxt"),
+        }
+
+    def playbook(self, results_dir: Path, **variables) -> None:
+        for sub in ("hosts", f"hosts/{self.host}/configs"):
+            (results_dir / sub).mkdir(parents=True, exist_ok=True)
+        # One line per candidate is the tune's progress: the playbook's task lines are in its log.
+        variables = {**self.common, "lab_results_dir": str(results_dir), **variables}
+        run_playbook("tune.yml", variables, lambda line: None, limit=self.host)
+
+    def fetch_deployed(self) -> str:
+        """The deployed config.pbtxt (kept to be put back), and the bench folder made ready."""
+        self.playbook(
+            self.folder / "measurements" / "deployed",
+            lab_tune_save_deployed=True,
+            lab_bench_runs=[],
+            lab_bench_finish=False,
+        )
+        return (self.folder / "deployed.pbtxt").read_text()
+
+    def measure(self, number: int, config_text: str) -> list[dict]:
+        """Load one candidate and measure it; its perf_analyzer rows."""
+        results = self.folder / "measurements" / f"{number:02d}"
+        run = {"model": self.model, "args": self.perf_run.command()[1:]}
+        self.playbook(
+            results, lab_tune_config=config_text, lab_bench_runs=[run], lab_bench_prepare=False, lab_bench_finish=False
+        )
+        csv_file = results / "hosts" / self.host / f"{self.model}.csv"
+        if not csv_file.exists():
+            raise TuneError(f"no stable measurement (perf_analyzer's log: {csv_file.with_suffix('.log')})")
+        return parse_csv(csv_file)
+
+    def restore(self, deployed_text: str) -> None:
+        """Put the deployed config back, load it, end the bench on the host (its folder removed)."""
+        self.playbook(
+            self.folder / "measurements" / "restored",
+            lab_tune_config=deployed_text,
+            lab_bench_runs=[],
+            lab_bench_prepare=False,
+        )
+
+
+def profile_name(profile: str) -> str:
+    return "quick" if profile == "quick" else "full"
+
+
+def deployed_values(deployed_text: str, gpu_count: int, settings: dict, smoke: bool) -> RenderValues:
+    """The render values of the deployed config: its weight paths as the host sees them, the current settings."""
+
+    def parameter(key: str) -> str:
+        found = re.search(rf'key: "{key}" value {{ string_value: "([^"]*)" }}', deployed_text)
+        return found.group(1) if found else ""
+
+    return RenderValues.from_settings(
+        gpu_count, parameter("weights_path"), parameter("blip_source"), settings, smoke=smoke
+    )
+
+
+def check_request(model: str, settings: dict, state: state_module.State, batch_sizes: list[int] | None) -> dict:
+    """The model's tunable settings as deployed now; TuneError for a request that cannot be tuned."""
+    if state.deploy.get("status") != "deployed":
+        raise TuneError("nothing is deployed: run `fab deploy` first")
+    names = model_names()
+    if model not in names:
+        raise TuneError(f"no model {model!r}: the models are {', '.join(names)}")
+    values = RenderValues.from_settings(0, "/weights", "blip", settings, smoke=False)
+    tunable = tunable_settings(model, values)
+    if tunable is None:
+        raise TuneError(f"{model} has no serving settings of its own to tune (tune the models it calls)")
+    if batch_sizes and "max_batch_size" not in tunable:
+        raise TuneError(
+            f"{model} has no dynamic batching (max_batch_size 1): it takes {', '.join(tunable)} only; "
+            "its batching variant is batching_food_classifier"
+        )
+    return tunable
+
+
+def tune(
+    settings: dict,
+    state: state_module.State,
+    model: str,
+    p99_ms: float,
+    quick: bool = False,
+    max_gpus: int | None = None,
+    concurrency: str = "",
+    batch_sizes: list[int] | None = None,
+    say: Callable[[str], None] = print,
+) -> Path:
+    """Search, write results/<run-id>/tune/ and its report; return the results folder.
+
+    TuneError when no configuration meets the budget (the closest ones are named;
+    the files are written all the same).
+    """
+    if p99_ms <= 0:
+        raise TuneError(f"--p99-ms is {p99_ms:g}: give a latency budget in milliseconds, > 0")
+    check_request(model, settings, state, batch_sizes)
+    profile = "quick" if quick else "full"
+    job = Tune(settings, state, model, p99_ms, profile, concurrency, say)
+    values_tried = {**VALUES[profile], **({"max_batch_size": sorted(set(batch_sizes))} if batch_sizes else {})}
+    gpu_count = min(job.gpu_count, max_gpus) if max_gpus else job.gpu_count
+    end = targets.deadline(state.target, state, settings)
+    if end is not None:  # a lease: the longest this search can be must fit in it
+        # the deployed one, every value of every setting, 2 preferred-size choices, the GPU counts, 2 again
+        longest = 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2
+        margin = float(settings["bench"].get("lease_margin_minutes", 15))
+        check_bench_fits(end, longest, job.perf_profile, profile_name(profile), margin, datetime.now(timezone.utc))
+    say(
+        f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, concurrency {job.perf_profile['concurrency_range']})"
+    )
+    started = time.monotonic()
+    deployed_text = job.fetch_deployed()
+    values = deployed_values(deployed_text, job.gpu_count, settings, bool(state.deploy.get("smoke_weights")))
+    baseline = tunable_settings(model, values)
+    if job.gpu_count == 0:
+        baseline.pop("gpus", None)  # CPU instances: no GPU count to choose
+    measured_so_far: list[Candidate] = []
+
+    def measure(candidate_settings: dict) -> Candidate:
+        candidate = Candidate(len(measured_so_far) + 1, candidate_settings)
+        config_text = render_config(model, _with_tuned(values, model, candidate_settings))
+        try:
+            candidate.rows = job.measure(candidate.number, config_text)
+        except PlaybookInterrupted:
+            raise
+        except (PlaybookError, TuneError, ValueError) as error:  # a config Triton refuses; no stable measurement
+            candidate.error = str(error).splitlines()[0]
+        say(f"  candidate {candidate.number}: {candidate.describe(p99_ms)}")
+        measured_so_far.append(candidate)
+        return candidate
+
+    try:
+        candidates, settled = search(measure, baseline, p99_ms, values_tried, gpu_count)
+        again = []
+        if settled.score(p99_ms) > 0 and settled is not candidates[0]:
+            # Side by side once more: the winner's lead is not one noisy window.
+            say("measuring the best and the deployed configuration again, side by side")
+            again = [measure(settled.settings), measure(baseline)]
+    finally:
+        # Also after Ctrl-C: the deployment serves what it served before.
+        with interrupts.refused("putting the deployed configuration back first"):
+            say("putting the deployed configuration back")
+            job.restore(deployed_text)
+    elapsed = time.monotonic() - started
+    winner = settled if settled.score(p99_ms) > 0 else None
+    misses = sorted((c for c in candidates if c is not winner and c.rows), key=lambda c: c.closest_row()["p99_us"])
+    summary = {
+        "model": model,
+        "host": job.host,
+        "target": state.target,
+        "runtime": state.runtime,
+        "budget_p99_ms": p99_ms,
+        "search": profile,
+        "concurrency_range": job.perf_profile["concurrency_range"],
+        "settings": winner.settings if winner else None,
+        "measured": _figures(winner, p99_ms) if winner else None,
+        "deployed": {"settings": baseline, **(_figures(candidates[0], p99_ms) or {})},
+        "measured_again": {
+            "best": _figures(again[0], p99_ms) or _figures(again[0], p99_ms, closest=True),
+            "deployed": _figures(again[1], p99_ms) or _figures(again[1], p99_ms, closest=True),
+        }
+        if again
+        else None,
+        "closest_misses": [
+            {"settings": c.settings, **(_figures(c, p99_ms, closest=True) or {})} for c in misses[:CLOSEST_MISSES]
+        ],
+        "configurations_measured": len(candidates),
+        "configurations_in_grid": grid_size(baseline, values_tried, gpu_count),
+        "wall_s": round(elapsed, 1),
+        "git": git_commit(),
+    }
+    write_results(job, candidates + again, summary)
+    if winner is None:
+        closest = "\n".join(f"  {c.describe(p99_ms)}" for c in misses[:CLOSEST_MISSES])
+        raise TuneError(
+            f"no configuration of {model} kept p99 within {p99_ms:g} ms at any concurrency of "
+            f"{job.perf_profile['concurrency_range']} ({len(candidates)} measured). The closest:\n{closest}\n"
+            f"Results: {job.folder}. Raise --p99-ms, or lower the concurrency (--concurrency 1:2:1)."
+        )
+    say(
+        f"best: {winner.describe(p99_ms)} ({len(candidates)} of {summary['configurations_in_grid']} configurations measured, {elapsed / 60:.1f} min)"
+    )
+    return job.results
+
+
+def _with_tuned(values: RenderValues, model: str, settings: dict) -> RenderValues:
+    from dataclasses import replace
+
+    chosen = {name: value for name, value in settings.items() if not (name == "gpus" and values.gpu_count == 0)}
+    return replace(values, tuned={**values.tuned, model: chosen})
+
+
+def _figures(candidate: Candidate | None, budget_ms: float, closest: bool = False) -> dict | None:
+    row = candidate and (candidate.closest_row() if closest else candidate.best_row(budget_ms))
+    if not row:
+        return None
+    figures = {
+        "concurrency": row["concurrency"],
+        "throughput": round(row["throughput"], 2),
+        "p50_ms": round(row["p50_us"] / 1000, 2),
+        "p95_ms": round(row["p95_us"] / 1000, 2),
+        "p99_ms": round(row["p99_us"] / 1000, 2),
+    }
+    gpus = row.get("gpus") or {}
+    if gpus:
+        figures["gpu_utilization"] = round(sum(g.get("utilization", 0) for g in gpus.values()) / len(gpus), 3)
+        figures["gpu_memory_mb"] = round(max(g.get("memory_used_bytes", 0) for g in gpus.values()) / 2**20)
+    return figures
+
+
+# --------------------------------------------------------------------------- results
+
+
+def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None:
+    """candidates.csv, best.json, pareto.png and report.md (its Tune section)."""
+    budget = summary["budget_p99_ms"]
+    with open(job.folder / "candidates.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, CSV_FIELDS)
+        writer.writeheader()
+        for candidate in candidates:
+            figures = _figures(candidate, budget) or _figures(candidate, budget, closest=True) or {}
+            writer.writerow(
+                {
+                    "candidate": candidate.number,
+                    **{
+                        name: json.dumps(value) if isinstance(value, list) else value
+                        for name, value in candidate.settings.items()
+                    },
+                    "meets_budget": candidate.best_row(budget) is not None,
+                    **figures,
+                }
+            )
+    (job.folder / "best.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot = _pareto_plot(job.folder / "pareto.png", candidates, budget)
+    (job.results / "report.md").write_text(report_section(summary, candidates, plot))
+
+
+def _measured_again(summary: dict) -> list[str]:
+    again = summary["measured_again"]
+    if not again:
+        return []
+    best, deployed = again["best"], again["deployed"]
+    ratio = f", {best['throughput'] / deployed['throughput']:.2f}x" if deployed["throughput"] else ""
+    return [
+        f"Measured again, side by side: the best {best['throughput']:.1f} infer/s (p99 {best['p99_ms']:.1f} ms at "
+        f"concurrency {best['concurrency']}), the deployed {deployed['throughput']:.1f} infer/s (p99 "
+        f"{deployed['p99_ms']:.1f} ms at concurrency {deployed['concurrency']}){ratio}.",
+        "",
+    ]
+
+
+def _pareto_plot(path: Path, candidates: list[Candidate], budget_ms: float) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    points = [(row["p99_us"] / 1000, row["throughput"], c) for c in candidates for row in c.rows]
+    if not points:
+        return None
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    axes.scatter(
+        [p for p, _, _ in points], [t for _, t, _ in points], s=18, color="0.6", label="candidate x concurrency"
+    )
+    frontier, best_so_far = [], -1.0
+    for p99, throughput, _ in sorted(points, key=lambda point: (point[0], -point[1])):
+        if throughput > best_so_far:
+            frontier.append((p99, throughput))
+            best_so_far = throughput
+    axes.plot(*zip(*frontier), color="C0", marker="o", label="Pareto front")
+    axes.axvline(budget_ms, color="C3", linestyle="--", label=f"p99 budget {budget_ms:g} ms")
+    axes.set_xlabel("p99 latency (ms)")
+    axes.set_ylabel("throughput (infer/s)")
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def report_section(summary: dict, candidates: list[Candidate], plot: Path | None) -> str:
+    budget = summary["budget_p99_ms"]
+    measured = summary["measured"]
+    lines = [
+        f"# fab tune: {summary['model']} on {summary['host']} ({summary['target']}, {summary['runtime']} runtime)",
+        "",
+        "## Tune",
+        "",
+        f"Budget: p99 <= {budget:g} ms at any concurrency of {summary['concurrency_range']}; "
+        f"{summary['search']} search, {summary['configurations_measured']} of {summary['configurations_in_grid']} "
+        f"configurations of the full grid measured in {summary['wall_s'] / 60:.1f} min.",
+        "",
+    ]
+    if measured:
+        deployed = summary["deployed"]
+        lines += [
+            f"Best: {format_settings(summary['settings'])}: **{measured['throughput']:.1f} infer/s** at concurrency "
+            f"{measured['concurrency']}, p99 {measured['p99_ms']:.1f} ms"
+            + (
+                f" (the deployed configuration: {deployed['throughput']:.1f} infer/s within the budget, "
+                f"{measured['throughput'] / deployed['throughput']:.2f}x)."
+                if deployed.get("throughput")
+                else " (the deployed configuration met the budget at no concurrency)."
+            ),
+            "",
+            *_measured_again(summary),
+            "Deploy it: `fab deploy --models-from tune/best.json` (path relative to this folder).",
+        ]
+    else:
+        lines.append("**No configuration met the budget.** The closest are listed in tune/best.json.")
+    lines += [
+        "",
+        "| # | settings | within budget | concurrency | infer/s | p50 ms | p95 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for candidate in candidates:
+        figures = _figures(candidate, budget) or _figures(candidate, budget, closest=True)
+        if figures:
+            lines.append(
+                f"| {candidate.number} | {format_settings(candidate.settings)} | {'yes' if candidate.best_row(budget) else 'no'} | "
+                f"{figures['concurrency']} | {figures['throughput']:.1f} | {figures['p50_ms']:.1f} | {figures['p95_ms']:.1f} | {figures['p99_ms']:.1f} |"
+            )
+        else:
+            lines.append(
+                f"| {candidate.number} | {format_settings(candidate.settings)} | not measured: {candidate.error} | | | | | |"
+            )
+    if plot:
+        lines += ["", f"![throughput against p99](tune/{plot.name})"]
+    return "\n".join(lines) + "\n"

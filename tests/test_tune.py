@@ -1,0 +1,131 @@
+"""fab tune on the local target, for real: a deployed tritonserver 2.51, perf_analyzer 2.51, Ansible.
+
+A quick tune of batching_food_classifier under a budget finds a configuration
+that meets it when measured again, measures fewer configurations than the grid,
+and leaves the deployment serving what it served; `fab deploy --models-from`
+deploys the winner. A budget nothing meets fails, naming the closest three.
+Requests a tune cannot serve get one clear message each.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+import tritonclient.http as triton_http
+from conftest import new_lab
+from helpers import classify
+
+from provision import sample_images
+
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("tune")]
+
+MODEL = "batching_food_classifier"
+IMAGE = sample_images.jpeg(seed=3)
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    lab = new_lab(tmp_path_factory.mktemp("tune-lab"))
+    lab.fab("provision", "--target", "local")
+    lab.fab("deploy")
+    yield lab
+    lab.fab("teardown", "--purge", check=False)
+
+
+def triton_url(lab) -> str:
+    return f"http://127.0.0.1:{lab.ports['triton_http']}"
+
+
+def served(lab, model: str = MODEL) -> dict:
+    """What the running server has loaded for the model: max_batch_size, batching and instances."""
+    with urllib.request.urlopen(f"{triton_url(lab)}/v2/models/{model}/config", timeout=10) as response:
+        config = json.loads(response.read())
+    return {
+        "max_batch_size": config["max_batch_size"],
+        "preferred_batch_size": config["dynamic_batching"].get("preferred_batch_size", []),
+        "max_queue_delay_us": int(config["dynamic_batching"].get("max_queue_delay_microseconds", 0)),
+        "instance_count": sum(group["count"] for group in config["instance_group"]),
+    }
+
+
+def deployed_file(lab) -> Path:
+    return lab.root / "deploy-local" / "models" / MODEL / "config.pbtxt"
+
+
+def tune_folder(output: str) -> Path:
+    return Path(next(line for line in output.splitlines() if line.startswith("results: ")).split(": ", 1)[1])
+
+
+def test_a_quick_tune_finds_a_configuration_within_the_budget_and_leaves_the_deployment_as_it_was(deployed):
+    before, before_text = served(deployed), deployed_file(deployed).read_text()
+    budget_ms = 2000
+    done = deployed.fab("tune", "--model", MODEL, "--p99-ms", str(budget_ms), "--quick")
+    folder = tune_folder(done.stdout)
+    best = json.loads((folder / "best.json").read_text())
+
+    assert best["model"] == MODEL and best["budget_p99_ms"] == budget_ms
+    assert best["measured"]["p99_ms"] <= budget_ms and best["measured"]["throughput"] > 0
+    if best["measured_again"]:  # the winner is not the deployed configuration: measured again beside it
+        assert best["measured_again"]["best"]["p99_ms"] <= budget_ms
+    assert best["configurations_measured"] < best["configurations_in_grid"], "a search, not the grid"
+    rows = list(csv.DictReader((folder / "candidates.csv").open()))
+    assert len(rows) == best["configurations_measured"] + (2 if best["measured_again"] else 0)
+    assert {"instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "p99_ms"} <= set(rows[0])
+    assert (folder / "pareto.png").stat().st_size > 0
+    report = (folder.parent / "report.md").read_text()
+    assert "## Tune" in report and f"of {best['configurations_in_grid']} configurations" in report
+
+    # The deployment serves what it served before, from the same file.
+    assert served(deployed) == before and deployed_file(deployed).read_text() == before_text
+    client = triton_http.InferenceServerClient(triton_url(deployed).removeprefix("http://"))
+    ((label, _),) = classify(client, MODEL, [IMAGE])
+    assert label
+
+    # The winner, deployed; then the plain deploy puts the template's defaults back.
+    deployed.fab("deploy", "--models-from", str(folder / "best.json"))
+    winner = {name: best["settings"][name] for name in before}
+    winner["preferred_batch_size"] = winner["preferred_batch_size"] or [winner["max_batch_size"]]  # Triton's reading
+    assert served(deployed) == winner
+    deployed.fab("deploy")
+    assert served(deployed) == before
+
+
+def test_a_budget_no_configuration_meets_fails_naming_the_closest_three(deployed):
+    before = served(deployed)
+    done = deployed.fab("tune", "--model", MODEL, "--p99-ms", "1", "--quick", "--concurrency", "1:1:1", check=False)
+    assert done.returncode == 1
+    message = done.stdout + done.stderr
+    assert f"no configuration of {MODEL} kept p99 within 1 ms" in message
+    closest = message.split("The closest:\n", 1)[1].split("\nResults:", 1)[0].splitlines()
+    assert len(closest) == 3 and all("p99" in line and "max_batch_size" in line for line in closest)
+    assert served(deployed) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "resnet"], "no model 'resnet': the models are "),
+        (["--model", "ensemble"], "ensemble has no serving settings of its own to tune"),
+        (["--model", "food_classifier", "--batch-sizes", "4,8"], "food_classifier has no dynamic batching"),
+        (["--model", MODEL, "--p99-ms", "0"], "give a latency budget in milliseconds"),
+    ],
+)
+def test_requests_a_tune_cannot_serve_get_one_clear_message(deployed, args, message):
+    args = args if "--p99-ms" in args else [*args, "--p99-ms", "100"]
+    done = deployed.fab("tune", *args, check=False)
+    assert done.returncode == 1 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_tune_needs_a_deployment(tmp_path):
+    lab = new_lab(tmp_path)
+    lab.fab("provision", "--target", "local")
+    try:
+        done = lab.fab("tune", "--model", MODEL, "--p99-ms", "100", check=False)
+        assert done.returncode == 1 and "nothing is deployed: run `fab deploy` first" in done.stderr
+    finally:
+        lab.fab("teardown", "--purge", check=False)

@@ -1,0 +1,79 @@
+"""fab tune's search, on a table of figures instead of a host (provision.tune.search is pure).
+
+The measurements themselves (a real Triton, real perf_analyzer) are in tests/test_tune.py;
+here: which configurations the greedy search measures, when it stops growing a setting,
+and how it picks the best within the budget.
+"""
+
+from __future__ import annotations
+
+from provision.tune import VALUES, Candidate, grid_size, search, values_to_try
+
+BASELINE = {
+    "max_batch_size": 16,
+    "preferred_batch_size": [4, 8],
+    "max_queue_delay_us": 100,
+    "instance_count": 1,
+    "gpus": 1,
+}
+
+
+def measure_with(figures):
+    """A measure(settings) that reports figures(settings) -> [(concurrency, infer/s, p99 ms)]."""
+    measured: list[dict] = []
+
+    def measure(settings: dict) -> Candidate:
+        measured.append(settings)
+        rows = [
+            {"concurrency": c, "throughput": t, "p50_us": p * 500, "p95_us": p * 900, "p99_us": p * 1000}
+            for c, t, p in figures(settings)
+        ]
+        return Candidate(len(measured), settings, rows)
+
+    return measure, measured
+
+
+def test_a_setting_stops_growing_when_the_throughput_stops_rising():
+    # Two instances double the throughput, a third adds nothing: 3 and 4 are never both tried.
+    def figures(s):
+        return [(4, {1: 40, 2: 80, 3: 81, 4: 82}[s["instance_count"]] + s["max_batch_size"] / 100, 50)]
+
+    measure, measured = measure_with(figures)
+    values = VALUES["full"]
+    candidates, best = search(measure, BASELINE, budget_ms=100, values=values, gpu_count=1)
+    instance_counts = [s["instance_count"] for s in measured]
+    assert 3 in instance_counts and 4 not in instance_counts
+    assert best.settings["instance_count"] == 2
+    assert len(candidates) < grid_size(BASELINE, values, gpu_count=1)
+
+
+def test_a_value_that_breaks_the_budget_stops_the_setting_and_is_not_chosen():
+    # Bigger batches raise throughput but past 8 the p99 breaks the 100 ms budget.
+    def figures(s):
+        size = s["max_batch_size"]
+        return [(8, 10 * size, 40 if size <= 8 else 150)]
+
+    measure, measured = measure_with(figures)
+    candidates, best = search(measure, BASELINE, budget_ms=100, values=VALUES["full"], gpu_count=1)
+    sizes = [s["max_batch_size"] for s in measured]
+    assert 32 not in sizes, "16 broke the budget: 32 is not tried"
+    assert best.settings["max_batch_size"] == 8 and best.score(100) == 80
+    assert all(size <= 8 for size in best.settings["preferred_batch_size"]), "preferred sizes follow max_batch_size"
+
+
+def test_the_score_is_the_best_throughput_at_a_concurrency_within_the_budget():
+    rows = [(1, 30, 20), (4, 60, 90), (8, 70, 200)]
+    (candidate,) = [measure_with(lambda s: rows)[0](BASELINE)]
+    assert candidate.score(100) == 60 and candidate.best_row(100)["concurrency"] == 4
+    assert candidate.score(10) == 0 and candidate.best_row(10) is None
+    assert candidate.closest_row()["concurrency"] == 1, "a miss is described by its lowest p99"
+
+
+def test_what_a_model_or_host_lacks_is_not_searched():
+    no_batching = {"instance_count": 1}
+    assert values_to_try("max_batch_size", no_batching, VALUES["quick"], gpu_count=2) == []
+    assert values_to_try("gpus", BASELINE, VALUES["quick"], gpu_count=1) == [], "one GPU: nothing to vary"
+    assert values_to_try("gpus", BASELINE, VALUES["quick"], gpu_count=2) == [1, 2]
+    assert values_to_try("preferred_batch_size", BASELINE, VALUES["quick"], gpu_count=0) == [[16], [8, 16]]
+    assert values_to_try("preferred_batch_size", {**BASELINE, "max_batch_size": 2}, VALUES["quick"], 0) == [[2]]
+    assert grid_size(no_batching, VALUES["full"], gpu_count=0) == len(VALUES["full"]["instance_count"])
