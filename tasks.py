@@ -235,7 +235,7 @@ def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=
     sizes = [int(size) for size in batch_sizes.split(",") if size.strip()] if batch_sizes else None
     results = run_tune(
         _settings(c), _state(), model, float(p99_ms), quick=quick, max_gpus=int(max_gpus) or None,
-        concurrency=concurrency, batch_sizes=sizes, say=print,
+        concurrency=concurrency, batch_sizes=sizes, say=lambda line: print(line, flush=True),  # live, also piped
     )  # fmt: skip
     print(f"results: {results / 'tune'}")
     print(f"report: {results / 'report.md'}")

@@ -3,7 +3,8 @@
 A quick tune of batching_food_classifier under a budget finds a configuration
 that meets it when measured again, measures fewer configurations than the grid,
 and leaves the deployment serving what it served; `fab deploy --models-from`
-deploys the winner. A budget nothing meets fails, naming the closest three.
+deploys the winner. A budget nothing meets fails, naming the closest three; Ctrl-C puts the deployed
+configuration back.
 Requests a tune cannot serve get one clear message each.
 """
 
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import time
 import urllib.request
 from pathlib import Path
 
@@ -18,6 +22,7 @@ import pytest
 import tritonclient.http as triton_http
 from conftest import new_lab
 from helpers import classify
+from test_pipeline import printed_lines
 
 from provision import sample_images
 
@@ -103,6 +108,28 @@ def test_a_budget_no_configuration_meets_fails_naming_the_closest_three(deployed
     closest = message.split("The closest:\n", 1)[1].split("\nResults:", 1)[0].splitlines()
     assert len(closest) == 3 and all("p99" in line and "max_batch_size" in line for line in closest)
     assert served(deployed) == before
+
+
+def test_ctrl_c_during_a_tune_puts_the_deployed_configuration_back(deployed):
+    before, before_text = served(deployed), deployed_file(deployed).read_text()
+    tune = deployed.popen_fab("tune", "--model", MODEL, "--p99-ms", "2000", "--quick")
+    try:
+        lines, output = printed_lines(tune), ""
+        while "candidate 2:" not in output:  # the third candidate's config is now being loaded or measured
+            line = lines.get(timeout=600)
+            assert line is not None, f"fab tune ended before its second candidate:\n{output}"
+            output += line
+        time.sleep(3)
+        os.killpg(tune.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        output += "".join(iter(lambda: lines.get(timeout=300), None))
+        assert tune.wait(timeout=60) == 130, output[-4000:]
+    finally:
+        if tune.poll() is None:
+            os.killpg(tune.pid, signal.SIGKILL)
+            tune.wait()
+    assert "putting the deployed configuration back" in output
+    assert served(deployed) == before and deployed_file(deployed).read_text() == before_text
+    assert "deploy complete: no changes" in deployed.fab("deploy").stdout
 
 
 @pytest.mark.parametrize(
