@@ -233,10 +233,15 @@ def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=
     from provision.tune import tune as run_tune
 
     sizes = [int(size) for size in batch_sizes.split(",") if size.strip()] if batch_sizes else None
-    results = run_tune(
-        _settings(c), _state(), model, float(p99_ms), quick=quick, max_gpus=int(max_gpus) or None,
-        concurrency=concurrency, batch_sizes=sizes, say=lambda line: print(line, flush=True),  # live, also piped
-    )  # fmt: skip
+    try:
+        # SIGTERM too becomes KeyboardInterrupt: the tune puts the deployed configuration back either way.
+        with interrupts.handled():
+            results = run_tune(
+                _settings(c), _state(), model, float(p99_ms), quick=quick, max_gpus=int(max_gpus) or None,
+                concurrency=concurrency, batch_sizes=sizes, say=lambda line: print(line, flush=True),  # live, also piped
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        raise Exit("fab tune interrupted; the deployed configuration is back", code=INTERRUPTED) from None
     print(f"results: {results / 'tune'}")
     print(f"report: {results / 'report.md'}")
     print(f"deploy the best: fab deploy --models-from {results / 'tune' / 'best.json'}")
