@@ -24,7 +24,7 @@ from provision.bench import BenchError, results_root
 from provision.lease_guard import LeaseTooShort
 from provision.model_repo import TuningError, read_tuned
 from provision.teardown import TeardownError
-from provision.tune import TuneError
+from provision.tune import VALUES, TuneError
 from provision.tunnel import TunnelError
 
 compare_runs = config.client_script("compare_runs")
@@ -217,7 +217,9 @@ def bench(c, quick=False, model=None):
         "quick": "fewer values per setting and short measurements (a few minutes on a small machine)",
         "max_gpus": "use at most this many of the host's GPUs (default: all)",
         "concurrency": "perf_analyzer's --concurrency-range start:end:step (default: the bench profile's)",
-        "batch_sizes": "max_batch_size values to try, comma-separated (default 1,2,4,8,16,32; quick 4,8,16)",
+        "batch_sizes": "max_batch_size values to try, comma-separated (default "
+        + "; quick ".join(",".join(map(str, VALUES[p]["max_batch_size"])) for p in ("full", "quick"))
+        + ")",
     }
 )
 @_fails_cleanly(TuneError, TuningError, PlaybookError, LeaseTooShort)

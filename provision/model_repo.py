@@ -124,27 +124,32 @@ def model_names(source: Path = MODEL_REPOSITORY) -> list[str]:
     )
 
 
-def render_config(model: str, values: RenderValues, source: Path = MODEL_REPOSITORY) -> str:
-    """The config.pbtxt of one model for these values."""
+def _render(model: str, values: RenderValues, source: Path, seen: list[dict]) -> str:
+    """Render one model's template; the settings its tuning(...) call returned are appended to `seen`."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(source)),
         undefined=jinja2.StrictUndefined,  # a missing value is an error, not an empty string
         keep_trailing_newline=True,
     )
-    context = values.context() | {"tuning": lambda **defaults: values.tuning(model, **defaults)}
-    return environment.get_template(f"{model}/config.pbtxt{TEMPLATE_SUFFIX}").render(context)
-
-
-def tunable_settings(model: str, values: RenderValues, source: Path = MODEL_REPOSITORY) -> dict | None:
-    """The settings a model's template takes (with their values for `values`), or None: it takes none."""
-    seen: list[dict] = []
 
     def tuning(**defaults) -> dict:
         seen.append(values.tuning(model, **defaults))
         return seen[-1]
 
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(source)), undefined=jinja2.StrictUndefined)
-    environment.get_template(f"{model}/config.pbtxt{TEMPLATE_SUFFIX}").render(values.context() | {"tuning": tuning})
+    return environment.get_template(f"{model}/config.pbtxt{TEMPLATE_SUFFIX}").render(
+        values.context() | {"tuning": tuning}
+    )
+
+
+def render_config(model: str, values: RenderValues, source: Path = MODEL_REPOSITORY) -> str:
+    """The config.pbtxt of one model for these values."""
+    return _render(model, values, source, [])
+
+
+def tunable_settings(model: str, values: RenderValues, source: Path = MODEL_REPOSITORY) -> dict | None:
+    """The settings a model's template takes (with their values for `values`), or None: it takes none."""
+    seen: list[dict] = []
+    _render(model, values, source, seen)
     return seen[0] if seen else None
 
 
@@ -177,7 +182,9 @@ def read_tuned(path: str | Path) -> dict[str, dict]:
     except FileNotFoundError:
         raise TuningError(f"{path}: no such file (fab tune writes results/<run-id>/tune/best.json)") from None
     except (ValueError, KeyError, TypeError) as error:
-        raise TuningError(f"{path} is not a best.json of fab tune ({error!r}): it needs \"model\" and \"settings\"") from None
+        raise TuningError(
+            f'{path} is not a best.json of fab tune ({error!r}): it needs "model" and "settings"'
+        ) from None
 
 
 def check_tuned(settings: dict, source: Path = MODEL_REPOSITORY) -> None:

@@ -30,11 +30,12 @@ the configs itself, not from our templates (README: fab tune).
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -101,8 +102,12 @@ class Candidate:
         """The concurrency with the lowest p99 (for a candidate that misses the budget)."""
         return min(self.rows, key=lambda row: row["p99_us"], default=None)
 
+    def reported_row(self, budget_ms: float) -> dict | None:
+        """The row that stands for the candidate: its best within the budget, else its closest miss."""
+        return self.best_row(budget_ms) or self.closest_row()
+
     def describe(self, budget_ms: float) -> str:
-        row = self.best_row(budget_ms) or self.closest_row()
+        row = self.reported_row(budget_ms)
         figures = (
             f"{row['throughput']:.1f} infer/s, p99 {row['p99_us'] / 1000:.1f} ms at concurrency {row['concurrency']}"
             if row
@@ -188,25 +193,16 @@ class Tune:
     settings: dict
     state: state_module.State
     model: str
-    budget_ms: float
-    profile: str
-    concurrency: str
-    say: Callable[[str], None]
+    perf_profile: dict  # the bench profile's perf_analyzer settings, with the tune's concurrency range
 
     def __post_init__(self):
         self.host = self.state.hosts[0].name
         self.deployed_host = self.state.deploy["hosts"][self.host]
-        self.gpu_count = int(self.deployed_host.get("gpu_count") or 0)
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{self.state.target}-tune"
         self.results = results_root(self.settings) / self.run_id
         self.folder = self.results / "tune"
         self.folder.mkdir(parents=True)
         (self.results / "input.jpg").write_bytes(jpeg())
-        bench_profile = dict(self.settings["bench"][profile_name(self.profile)])
-        self.perf_profile = {
-            **bench_profile,
-            "concurrency_range": self.concurrency or bench_profile["concurrency_range"],
-        }
         bind, ports = self.state.deploy["bind_address"], self.state.deploy["ports"]
         (self.perf_run,) = perf_runs(
             [self.model], *runtimes.triton_endpoints(self.state.runtime, bind, ports), profile=self.perf_profile
@@ -264,10 +260,6 @@ class Tune:
         )
 
 
-def profile_name(profile: str) -> str:
-    return "quick" if profile == "quick" else "full"
-
-
 def deployed_values(deployed_text: str, gpu_count: int, settings: dict, smoke: bool) -> RenderValues:
     """The render values of the deployed config: its weight paths as the host sees them, the current settings."""
 
@@ -280,8 +272,8 @@ def deployed_values(deployed_text: str, gpu_count: int, settings: dict, smoke: b
     )
 
 
-def check_request(model: str, settings: dict, state: state_module.State, batch_sizes: list[int] | None) -> dict:
-    """The model's tunable settings as deployed now; TuneError for a request that cannot be tuned."""
+def check_request(model: str, settings: dict, state: state_module.State, batch_sizes: list[int] | None) -> None:
+    """TuneError for a request that cannot be tuned: nothing deployed, an unknown model, one without settings."""
     if state.deploy.get("status") != "deployed":
         raise TuneError("nothing is deployed: run `fab deploy` first")
     names = model_names()
@@ -296,7 +288,6 @@ def check_request(model: str, settings: dict, state: state_module.State, batch_s
             f"{model} has no dynamic batching (max_batch_size 1): it takes {', '.join(tunable)} only; "
             "its batching variant is batching_food_classifier"
         )
-    return tunable
 
 
 def tune(
@@ -319,29 +310,32 @@ def tune(
         raise TuneError(f"--p99-ms is {p99_ms:g}: give a latency budget in milliseconds, > 0")
     check_request(model, settings, state, batch_sizes)
     profile = "quick" if quick else "full"
-    job = Tune(settings, state, model, p99_ms, profile, concurrency, say)
+    perf_profile = dict(settings["bench"][profile])
+    perf_profile["concurrency_range"] = concurrency or perf_profile["concurrency_range"]
     values_tried = {**VALUES[profile], **({"max_batch_size": sorted(set(batch_sizes))} if batch_sizes else {})}
-    gpu_count = min(job.gpu_count, max_gpus) if max_gpus else job.gpu_count
+    host_gpus = int(state.deploy["hosts"][state.hosts[0].name].get("gpu_count") or 0)
+    gpu_count = min(host_gpus, max_gpus) if max_gpus else host_gpus
     end = targets.deadline(state.target, state, settings)
-    if end is not None:  # a lease: the longest this search can be must fit in it
+    if end is not None:  # a lease: the longest this search can be must fit in it, checked before anything is written
         # the deployed one, every value of every setting, 2 preferred-size choices, the GPU counts, 2 again
         longest = 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2
         margin = float(settings["bench"].get("lease_margin_minutes", 15))
-        check_bench_fits(end, longest, job.perf_profile, profile_name(profile), margin, datetime.now(timezone.utc))
+        check_bench_fits(end, longest, perf_profile, profile, margin, datetime.now(timezone.utc))
+    job = Tune(settings, state, model, perf_profile)
     say(
         f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, concurrency {job.perf_profile['concurrency_range']})"
     )
     started = time.monotonic()
     deployed_text = job.fetch_deployed()
-    values = deployed_values(deployed_text, job.gpu_count, settings, bool(state.deploy.get("smoke_weights")))
+    values = deployed_values(deployed_text, host_gpus, settings, bool(state.deploy.get("smoke_weights")))
     baseline = tunable_settings(model, values)
-    if job.gpu_count == 0:
+    if host_gpus == 0:
         baseline.pop("gpus", None)  # CPU instances: no GPU count to choose
-    measured_so_far: list[Candidate] = []
+    numbers = itertools.count(1)
 
     def measure(candidate_settings: dict) -> Candidate:
-        candidate = Candidate(len(measured_so_far) + 1, candidate_settings)
-        config_text = render_config(model, _with_tuned(values, model, candidate_settings))
+        candidate = Candidate(next(numbers), candidate_settings)
+        config_text = render_config(model, replace(values, tuned={**values.tuned, model: candidate_settings}))
         try:
             candidate.rows = job.measure(candidate.number, config_text)
         except PlaybookInterrupted:
@@ -349,7 +343,6 @@ def tune(
         except (PlaybookError, TuneError, ValueError) as error:  # a config Triton refuses; no stable measurement
             candidate.error = str(error).splitlines()[0]
         say(f"  candidate {candidate.number}: {candidate.describe(p99_ms)}")
-        measured_so_far.append(candidate)
         return candidate
 
     try:
@@ -376,17 +369,15 @@ def tune(
         "search": profile,
         "concurrency_range": job.perf_profile["concurrency_range"],
         "settings": winner.settings if winner else None,
-        "measured": _figures(winner, p99_ms) if winner else None,
-        "deployed": {"settings": baseline, **(_figures(candidates[0], p99_ms) or {})},
+        "measured": figures(winner.best_row(p99_ms)) if winner else None,
+        "deployed": {"settings": baseline, **(figures(candidates[0].best_row(p99_ms)) or {})},
         "measured_again": {
-            "best": _figures(again[0], p99_ms) or _figures(again[0], p99_ms, closest=True),
-            "deployed": _figures(again[1], p99_ms) or _figures(again[1], p99_ms, closest=True),
+            "best": figures(again[0].reported_row(p99_ms)),
+            "deployed": figures(again[1].reported_row(p99_ms)),
         }
         if again
         else None,
-        "closest_misses": [
-            {"settings": c.settings, **(_figures(c, p99_ms, closest=True) or {})} for c in misses[:CLOSEST_MISSES]
-        ],
+        "closest_misses": [{"settings": c.settings, **figures(c.closest_row())} for c in misses[:CLOSEST_MISSES]],
         "configurations_measured": len(candidates),
         "configurations_in_grid": grid_size(baseline, values_tried, gpu_count),
         "wall_s": round(elapsed, 1),
@@ -406,15 +397,8 @@ def tune(
     return job.results
 
 
-def _with_tuned(values: RenderValues, model: str, settings: dict) -> RenderValues:
-    from dataclasses import replace
-
-    chosen = {name: value for name, value in settings.items() if not (name == "gpus" and values.gpu_count == 0)}
-    return replace(values, tuned={**values.tuned, model: chosen})
-
-
-def _figures(candidate: Candidate | None, budget_ms: float, closest: bool = False) -> dict | None:
-    row = candidate and (candidate.closest_row() if closest else candidate.best_row(budget_ms))
+def figures(row: dict | None) -> dict | None:
+    """One perf_analyzer row as the results give it: milliseconds, GPU utilisation and memory where measured."""
     if not row:
         return None
     figures = {
@@ -441,7 +425,6 @@ def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None
         writer = csv.DictWriter(file, CSV_FIELDS)
         writer.writeheader()
         for candidate in candidates:
-            figures = _figures(candidate, budget) or _figures(candidate, budget, closest=True) or {}
             writer.writerow(
                 {
                     "candidate": candidate.number,
@@ -450,7 +433,7 @@ def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None
                         for name, value in candidate.settings.items()
                     },
                     "meets_budget": candidate.best_row(budget) is not None,
-                    **figures,
+                    **(figures(candidate.reported_row(budget)) or {}),
                 }
             )
     (job.folder / "best.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -537,11 +520,11 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         "|---|---|---|---|---|---|---|---|",
     ]
     for candidate in candidates:
-        figures = _figures(candidate, budget) or _figures(candidate, budget, closest=True)
-        if figures:
+        row = figures(candidate.reported_row(budget))
+        if row:
             lines.append(
                 f"| {candidate.number} | {format_settings(candidate.settings)} | {'yes' if candidate.best_row(budget) else 'no'} | "
-                f"{figures['concurrency']} | {figures['throughput']:.1f} | {figures['p50_ms']:.1f} | {figures['p95_ms']:.1f} | {figures['p99_ms']:.1f} |"
+                f"{row['concurrency']} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
             )
         else:
             lines.append(
