@@ -42,11 +42,14 @@ test-docker: setup system-deps docker-bases
 
 # The docker runtime's tests: Debian's docker.io, a dockerd of the tests' own
 # (.runtime/docker: its own data root, socket and pidfile) and local stand-ins
-# for the two base images, since no registry can be reached (tests/docker_engine.py).
+# for the two base images, since no registry can be reached (tests/docker_engine.py);
+# and the cluster tests' node image (sshd, HAProxy) and the nvidia-pytriton wheel they install from
+# (tests/cluster_nodes.py).
 docker-bases: setup
 	$(BIN)/python tests/docker_engine.py install
 	$(BIN)/python tests/docker_engine.py start
 	$(BIN)/python tests/docker_engine.py bases
+	cd tests && ../$(BIN)/python cluster_nodes.py
 
 # What the tests need from the system: sshd (the ssh-target tests start their own
 # on 127.0.0.1), sudo (Ansible's become on that host) and Debian's docker-compose

@@ -191,6 +191,9 @@ def deploy(c, check=False, publish=False, models_from=""):
         return
     changes = result.total_changed
     print(f"deploy complete: {changes} change(s)" if changes else "deploy complete: no changes")
+    if len(result.seconds) > 1:  # several hosts, configured side by side: how long each took
+        for name, seconds in sorted(result.seconds.items()):
+            print(f"  {name}: {result.changed.get(name, 0)} change(s), done after {seconds:.0f} s")
     print(f"log: {result.log}")
     print("next: fab bench (or fab status)")
 

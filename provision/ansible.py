@@ -43,6 +43,7 @@ class PlaybookResult:
     ok: dict[str, int] = field(default_factory=dict)
     reports: dict[str, dict] = field(default_factory=dict)  # host -> {report task: msg}
     log: Path | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # host -> from the start to its last task's end
 
     @property
     def total_changed(self) -> int:
@@ -77,11 +78,15 @@ class _Progress:
         self.say = say
         self.failures: list[str] = []
         self.reports: dict[str, dict] = {}
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = {}  # host -> when its last task ended, from the start
 
     def __call__(self, event: dict) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {})
         host = data.get("host", "")
+        if host and kind.startswith("runner_on_"):
+            self.seconds[host] = time.monotonic() - self.started
         task = data.get("task", "")
         result = data.get("res", {}) if isinstance(data.get("res"), dict) else {}
         if kind in ("runner_item_on_ok", "runner_item_on_failed"):
@@ -119,8 +124,14 @@ def run_playbook(
     say: Callable[[str], None] = print,
     check: bool = False,
     limit: str | None = None,
+    forks: int | None = None,
 ) -> PlaybookResult:
-    """Run playbooks/<playbook> on the provisioned inventory (or its hosts that `limit` names); raise PlaybookError on failure."""
+    """Run playbooks/<playbook> on the provisioned inventory (or its hosts that `limit` names); raise PlaybookError on failure.
+
+    forks: how many hosts Ansible works on at once (its default, 5, when None). Each task
+    runs on that many hosts side by side; a host that fails drops out and the others go on
+    to the end of the playbook, so the error says which hosts finished it.
+    """
     import ansible_runner
 
     private = state_file().parent / "ansible"
@@ -130,7 +141,7 @@ def run_playbook(
     handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
     mark = f"lab_playbook_run={uuid.uuid4().hex}"  # on the command line of this run's every Ansible process
     try:
-        runner = _run(ansible_runner, private, playbook, extravars, check, progress, mark, limit)
+        runner = _run(ansible_runner, private, playbook, extravars, check, progress, mark, limit, forks)
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():
@@ -141,7 +152,7 @@ def run_playbook(
         raise PlaybookInterrupted(f"{playbook} interrupted (Ctrl-C or SIGTERM); log: {log}")
     if runner.status != "successful" or progress.failures:
         details = "\n\n".join(progress.failures) or f"ansible-runner status: {runner.status}"
-        raise PlaybookError(f"{playbook} failed.\n{details}\n\nfull log: {log}")
+        raise PlaybookError(f"{playbook} failed.\n{details}{_finished_hosts(runner.stats or {})}\n\nfull log: {log}")
     stats = runner.stats or {}
     return PlaybookResult(
         playbook=playbook,
@@ -149,10 +160,23 @@ def run_playbook(
         ok=dict(stats.get("ok", {})),
         reports=progress.reports,
         log=log,
+        seconds=progress.seconds,
     )
 
 
-def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: bool, progress, mark: str, limit):
+def _finished_hosts(stats: dict) -> str:
+    """What a failed run of several hosts did on the others: which hosts went through the whole playbook."""
+    stopped = set(stats.get("failures", {})) | set(stats.get("dark", {}))
+    finished = sorted(set(stats.get("processed", {})) - stopped)
+    if not finished or not stopped:
+        return ""
+    return (
+        f"\n\n{', '.join(sorted(stopped))} stopped there; {', '.join(finished)} went through the whole playbook "
+        f"(every task ok)"
+    )
+
+
+def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: bool, progress, mark: str, limit, forks):
     venv_bin = str(Path(sys.executable).parent)  # ansible-playbook lives beside our Python
     return ansible_runner.run(
         private_data_dir=str(private),
@@ -160,6 +184,7 @@ def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: b
         inventory=str(inventory_file()),
         extravars=extravars,
         limit=limit,
+        forks=forks,
         cmdline=f"{'--check ' if check else ''}--extra-vars {mark}",
         envvars={
             "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")]),

@@ -118,6 +118,11 @@ def extravars(settings: dict, state: state_module.State) -> dict:
     }
 
 
+def forks_for(settings: dict, state: state_module.State) -> int:
+    """How many hosts the deploy configures at once: lab.ansible_forks, or all of them (0)."""
+    return int(settings.get("ansible_forks") or 0) or max(len(state.hosts), 1)
+
+
 def deploy(
     settings: dict, state: state_module.State, say: Callable[[str], None] = print, check: bool = False
 ) -> PlaybookResult:
@@ -131,8 +136,9 @@ def deploy(
         "lab_smoke_weights": staged["smoke_weights"],
         "lab_blip_source_on_host": staged["blip_on_host"],
     }
+    forks = forks_for(settings, state)
     if check:
-        return run_playbook("deploy.yml", variables, say, check=True)
+        return run_playbook("deploy.yml", variables, say, check=True, forks=forks)
     # Written first: a deploy interrupted half-way still leaves a state that
     # teardown knows how to clean up, and `fab deploy` again simply continues.
     state.deploy = {
@@ -141,7 +147,7 @@ def deploy(
         "hosts": state.deploy.get("hosts", {}),
     }
     state_module.save(state)
-    result = run_playbook("deploy.yml", variables, say)
+    result = run_playbook("deploy.yml", variables, say, forks=forks)
     hosts = {host: reports.get("deployment", {}) for host, reports in result.reports.items()}
     state.deploy = {
         "status": "deployed",
