@@ -21,6 +21,7 @@ from provision import config, hosts, interrupts, inventory, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
 from provision.bench import BenchError, results_root
+from provision.cluster import ClusterError
 from provision.lease_guard import LeaseTooShort
 from provision.model_repo import TuningError, read_tuned
 from provision.teardown import TeardownError
@@ -66,6 +67,12 @@ def _fails_cleanly(*known: type[Exception], again: str = "", interrupted: str = 
 
 # The exit code of a command that Ctrl-C or SIGTERM ended (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
+
+# The flags of `fab deploy` that make a cluster, which `fab run` takes too.
+CLUSTER_HELP = {
+    "cluster": "serve the hosts behind one load balancer (HAProxy on the first host; a deployed cluster stays one)",
+    "lb_node": "with --cluster: the host (name or index) that runs the balancer",
+}
 
 # The flags of `fab provision`, which `fab run` takes too.
 PROVISION_HELP = {
@@ -162,16 +169,18 @@ def _forget_a_state_that_holds_nothing() -> None:
         "check": "dry run (Ansible check mode): show what would change, change nothing",
         "publish": "listen on every address of the hosts, not 127.0.0.1 (open to the internet on Chameleon)",
         "models_from": "a best.json of `fab tune` (results/<run-id>/tune/best.json): deploy its model settings",
+        **CLUSTER_HELP,
     }
 )
 @_fails_cleanly(
     PlaybookError,
     FileNotFoundError,
     TuningError,
+    ClusterError,
     again="\n\nfix it and run `fab deploy` again (it continues where it stopped)",
     interrupted="\n`fab deploy` continues where it stopped",
 )
-def deploy(c, check=False, publish=False, models_from=""):
+def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node=""):
     """Set up the hosts and start Triton and the API (a second run changes nothing)."""
     from provision.deploy import deploy as run_deploy
 
@@ -185,7 +194,7 @@ def deploy(c, check=False, publish=False, models_from=""):
         settings["bind_address"] = "0.0.0.0"
         print("warning: --publish: the services listen on every address; on Chameleon (no security groups) "
               "anyone on the internet can reach them")  # fmt: skip
-    result = run_deploy(settings, state, print, check=check)
+    result = run_deploy(settings, state, print, check=check, cluster=cluster, balancer=lb_node)
     if check:
         print(f"check mode: {result.total_changed} change(s) would be made; nothing was changed")
         return
@@ -260,6 +269,7 @@ def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=
         "quick": "short measurements (a smoke run)",
         "model": "benchmark only this model (repeatable)",
         "keep": "leave the deployment running afterwards (no teardown)",
+        **CLUSTER_HELP,
     },
 )
 def run(
@@ -282,6 +292,8 @@ def run(
     quick=False,
     model=None,
     keep=False,
+    cluster=False,
+    lb_node="",
 ):
     """provision -> deploy -> bench -> teardown in one command; teardown runs after a failure or Ctrl-C too.
 
@@ -299,7 +311,7 @@ def run(
     provision_options = {name: value for name, value in locals().items() if name in PROVISION_HELP}
     stages = {
         "provision": lambda: provision(c, **provision_options),
-        "deploy": lambda: deploy(c),
+        "deploy": lambda: deploy(c, cluster=cluster, lb_node=lb_node),
         "bench": lambda: bench(c, quick=quick, model=model),
     }
     results_before = set(_run_folders(results_root(_settings(c))))

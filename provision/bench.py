@@ -16,11 +16,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from provision import cluster as clusters
 from provision import config, runtimes, sample_images, targets
 from provision import state as state_module
 from provision.ansible import run_playbook
 from provision.deploy import docker_environment
-from provision.host.layout import reachable_address
 from provision.lease_guard import check_bench_fits, hours_to_extend, minutes, next_model_fits
 from provision.model_repo import model_names
 from provision.perf import PerfRun, input_encodings
@@ -99,9 +99,13 @@ def bench(
     image = results / "input.jpg"  # the host turns it into perf_analyzer's input (client_scripts/make_perf_input.py)
     image.write_bytes(sample_images.jpeg())
 
-    bind = state.deploy["bind_address"]
     ports = state.deploy["ports"]
-    runs = perf_runs(models, *runtimes.triton_endpoints(state.runtime, bind, ports), profile=profile)
+    bind_addresses = clusters.deployed_bind_addresses(state)
+    runs_of = {  # each host's perf_analyzer runs, against its own Triton
+        host: perf_runs(models, *runtimes.triton_endpoints(state.runtime, bind, ports), profile=profile)
+        for host, bind in bind_addresses.items()
+    }
+    runs = runs_of[state.hosts[0].name]  # what the report shows (the hosts' differ in the address only)
     say(f"benchmarking {len(models)} model(s) at concurrency {profile['concurrency_range']} ({profile_name} profile)")
     playbook_vars = {
         "lab_run_id": run_id,
@@ -110,7 +114,7 @@ def bench(
         "lab_bench_places": {
             host: runtimes.bench_place(state.runtime, deployed, run_id) for host, deployed in state.deploy["hosts"].items()
         },
-        "lab_reachable_address": reachable_address(bind),  # where Triton answers on its own host
+        "lab_reachable_addresses": clusters.reachable(bind_addresses),  # where Triton answers on its own host
         "lab_ports": ports,
         "lab_models": model_names(),
         "lab_results_dir": str(results),
@@ -118,10 +122,10 @@ def bench(
         "lab_bench_input_encoding": encoding,
     }
     if lease is None:
-        run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": [_playbook_run(run) for run in runs]}, say)
+        run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(runs_of)}, say)
         measured = runs
     else:
-        measured = _bench_within_the_lease(lease, runs, playbook_vars, say)
+        measured = _bench_within_the_lease(lease, runs_of, playbook_vars, say)
     partial = None
     if len(measured) < len(runs):
         not_measured = [run.model for run in runs[len(measured) :]]
@@ -151,8 +155,9 @@ def bench(
     return results
 
 
-def _playbook_run(run: PerfRun) -> dict:
-    return {"model": run.model, "args": run.command()[1:]}
+def _playbook_runs(runs_of: dict[str, list[PerfRun]], index: slice = slice(None)) -> dict[str, list[dict]]:
+    """bench.yml's lab_bench_runs: {host: [{model, perf_analyzer's arguments}]}, the runs `index` selects."""
+    return {host: [{"model": run.model, "args": run.command()[1:]} for run in runs[index]] for host, runs in runs_of.items()}
 
 
 class _Lease:
@@ -179,7 +184,7 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def _bench_within_the_lease(lease: _Lease, runs: list[PerfRun], playbook_vars: dict, say) -> list[PerfRun]:
+def _bench_within_the_lease(lease: _Lease, runs_of: dict[str, list[PerfRun]], playbook_vars: dict, say) -> list[PerfRun]:
     """One playbook run per model while the next one ends before the lease's margin; the runs measured.
 
     The first model was checked with the others before anything started; each
@@ -188,6 +193,7 @@ def _bench_within_the_lease(lease: _Lease, runs: list[PerfRun], playbook_vars: d
     bench on the hosts (facts, configs, the folder removed).
     """
     measured: list[PerfRun] = []
+    runs = next(iter(runs_of.values()))
     for index, run in enumerate(runs):
         if index and not next_model_fits(lease.refresh(), lease.longest_model_s, lease.margin_minutes, _now()):
             say(
@@ -195,7 +201,7 @@ def _bench_within_the_lease(lease: _Lease, runs: list[PerfRun], playbook_vars: d
                 f"{run.model} (about {minutes(lease.longest_model_s)}) would end inside the {lease.margin_minutes:g} min "
                 "margin; stopping here"
             )
-            run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": [], "lab_bench_prepare": False}, say)
+            run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": {}, "lab_bench_prepare": False}, say)
             return measured
         started = time.monotonic()
         last = index == len(runs) - 1
@@ -203,7 +209,7 @@ def _bench_within_the_lease(lease: _Lease, runs: list[PerfRun], playbook_vars: d
             "bench.yml",
             {
                 **playbook_vars,
-                "lab_bench_runs": [_playbook_run(run)],
+                "lab_bench_runs": _playbook_runs(runs_of, slice(index, index + 1)),
                 "lab_bench_prepare": index == 0,
                 "lab_bench_finish": last,
             },

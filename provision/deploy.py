@@ -18,10 +18,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from provision import cluster as clusters
 from provision import config, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookResult, run_playbook
-from provision.host.layout import LIB_DIR, reachable_address
+from provision.host.layout import LIB_DIR
 from provision.model_repo import check_tuned, model_names
 from provision.smoke_weights import is_smoke, weight_sources
 
@@ -93,9 +94,14 @@ def docker_environment(settings: dict) -> dict:
     return {"DOCKER_HOST": engine_host} if engine_host else {}
 
 
-def extravars(settings: dict, state: state_module.State) -> dict:
-    """Everything the playbooks need, from the settings and the state (never a secret)."""
+def extravars(settings: dict, state: state_module.State, cluster: dict | None = None) -> dict:
+    """Everything the playbooks need, from the settings and the state (never a secret).
+
+    cluster: the cluster being deployed (provision.cluster.plan), else the recorded one.
+    """
     home = deploy_dir(settings, state)
+    cluster = clusters.of(state) if cluster is None else cluster
+    bind_addresses = clusters.bind_addresses(settings["bind_address"], state, cluster)
     return {
         "lab_runtime": state.runtime,
         "lab_runtime_tasks": runtimes.tasks_folder(state.runtime),  # the runtime's task files, included by the plays
@@ -104,9 +110,13 @@ def extravars(settings: dict, state: state_module.State) -> dict:
         "lab_project_dir": str(config.PROJECT_ROOT),
         "lab_controller_python": sys.executable,
         "lab_bundle_dir": str(bundle_dir()),
-        "lab_bind_address": settings["bind_address"],
-        # Where the services answer on their own host (the deploy's checks, the model control).
-        "lab_reachable_address": reachable_address(settings["bind_address"]),
+        "lab_bind_address": settings["bind_address"],  # the balancer's, in a cluster
+        # Each host's: where its services listen, and where they answer on the host itself
+        # (the deploy's checks, the model control).
+        "lab_bind_addresses": bind_addresses,
+        "lab_reachable_addresses": clusters.reachable(bind_addresses),
+        "lab_cluster": cluster,
+        "lab_balancer_backends": clusters.balancer_backends(state, cluster, settings["ports"]),
         "lab_ports": dict(settings["ports"]),
         "lab_models": model_names(),
         "lab_ready_timeout_s": int(settings["triton_ready_timeout_s"]),
@@ -124,15 +134,23 @@ def forks_for(settings: dict, state: state_module.State) -> int:
 
 
 def deploy(
-    settings: dict, state: state_module.State, say: Callable[[str], None] = print, check: bool = False
+    settings: dict,
+    state: state_module.State,
+    say: Callable[[str], None] = print,
+    check: bool = False,
+    cluster: bool = False,
+    balancer: str = "",
 ) -> PlaybookResult:
     """Run the deploy playbook; record progress in the state before and after.
 
     check: Ansible's check mode: report what would change, change nothing (the state included).
+    cluster: the hosts behind one load balancer, on the host `balancer` (name or index) or the first;
+    a deployed cluster stays one.
     """
     check_tuned(settings)  # a wrong lab.models.tuned stops here, before any host is touched
+    plan = clusters.plan(state, balancer) if cluster or balancer or clusters.of(state) else {}
     staged = stage_bundle(settings, state)
-    variables = extravars(settings, state) | {
+    variables = extravars(settings, state, plan) | {
         "lab_smoke_weights": staged["smoke_weights"],
         "lab_blip_source_on_host": staged["blip_on_host"],
     }
@@ -155,6 +173,8 @@ def deploy(
         "hosts": hosts,
         "ports": variables["lab_ports"],
         "bind_address": variables["lab_bind_address"],
+        "bind_addresses": variables["lab_bind_addresses"],
+        "cluster": plan,
         "smoke_weights": staged["smoke_weights"],
     }
     state.record(f"deployed ({result.total_changed} changes)")

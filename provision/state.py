@@ -47,6 +47,8 @@ class Host:
     key: str | None = None  # path of the private key (never its contents)
     connection: str = "ssh"  # "ssh" or "local" (Ansible's ansible_connection)
     python: str | None = None  # the host's Python for Ansible; None: Ansible discovers it
+    # Where the other hosts reach it (a cluster's balancer reaches its Triton there); None: address.
+    private_address: str | None = None
 
 
 @dataclass

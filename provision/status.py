@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from provision import cluster as clusters
 from provision import hosts as host_commands
 from provision import runtimes
 from provision import state as state_module
@@ -38,6 +39,7 @@ def describe(state: state_module.State) -> list[str]:
     ]
     if state.deploy.get("smoke_weights"):
         lines.append("weights: SMOKE WEIGHTS (random values)")
+    lines += clusters.balancer_status(state)
     for name, status in host_status(state).items():
         host = next(h for h in state.hosts if h.name == name)
         where = "this machine" if host.connection == "local" else f"{host.user}@{host.address}:{host.port}"

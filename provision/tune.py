@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from provision import cluster as clusters
 from provision import interrupts, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
@@ -203,7 +204,7 @@ class Tune:
         self.folder = self.results / "tune"
         self.folder.mkdir(parents=True)
         (self.results / "input.jpg").write_bytes(jpeg())
-        bind, ports = self.state.deploy["bind_address"], self.state.deploy["ports"]
+        bind, ports = clusters.deployed_bind_addresses(self.state)[self.host], self.state.deploy["ports"]
         (self.perf_run,) = perf_runs(
             [self.model], *runtimes.triton_endpoints(self.state.runtime, bind, ports), profile=self.perf_profile
         )
@@ -212,7 +213,7 @@ class Tune:
             "lab_docker_environment": docker_environment(self.settings),
             "lab_hosts": self.state.deploy["hosts"],
             "lab_bench_places": {self.host: runtimes.bench_place(self.state.runtime, self.deployed_host, self.run_id)},
-            "lab_reachable_address": reachable_address(bind),
+            "lab_reachable_addresses": {self.host: reachable_address(bind)},
             "lab_ports": ports,
             "lab_models": model_names(),
             "lab_input_image": str(self.results / "input.jpg"),
@@ -233,7 +234,7 @@ class Tune:
         self.playbook(
             self.folder / "measurements" / "deployed",
             lab_tune_save_deployed=True,
-            lab_bench_runs=[],
+            lab_bench_runs={},
             lab_bench_finish=False,
         )
         return (self.folder / "deployed.pbtxt").read_text()
@@ -243,7 +244,7 @@ class Tune:
         results = self.folder / "measurements" / f"{number:02d}"
         run = {"model": self.model, "args": self.perf_run.command()[1:]}
         self.playbook(
-            results, lab_tune_config=config_text, lab_bench_runs=[run], lab_bench_prepare=False, lab_bench_finish=False
+            results, lab_tune_config=config_text, lab_bench_runs={self.host: [run]}, lab_bench_prepare=False, lab_bench_finish=False
         )
         csv_file = results / "hosts" / self.host / f"{self.model}.csv"
         if not csv_file.exists():
@@ -255,7 +256,7 @@ class Tune:
         self.playbook(
             self.folder / "measurements" / "restored",
             lab_tune_config=deployed_text,
-            lab_bench_runs=[],
+            lab_bench_runs={},
             lab_bench_prepare=False,
         )
 

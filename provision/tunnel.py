@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from provision import cluster as clusters
 from provision import hosts as host_commands
 from provision.host.background import port_is_free
 from provision.host.layout import TOKEN_FILE, reachable_address
@@ -33,6 +34,8 @@ STDERR_LINES = 40  # how much of ssh's stderr an error shows
 
 # (service, its port's name in lab.ports, the page to open first)
 SERVICES = (("triton", "triton_http", "/v2/health/ready"), ("api", "api", "/docs"), ("jupyter", "jupyter", "/lab"))
+# A cluster's balancer, on its host (fab deploy --cluster): the cluster's Triton HTTP address.
+BALANCER = ("balancer", "balancer_http", "/v2/health/ready")
 
 
 class TunnelError(RuntimeError):
@@ -41,22 +44,31 @@ class TunnelError(RuntimeError):
 
 @dataclass(frozen=True)
 class Forward:
-    """One forwarded service: LOCAL_ADDRESS:local_port here -> the host's bind address:remote_port."""
+    """One forwarded service: LOCAL_ADDRESS:local_port here -> remote_address:remote_port on the host."""
 
     service: str
     local_port: int
     remote_port: int
     path: str
+    remote_address: str = "127.0.0.1"
 
     def url(self, address: str = LOCAL_ADDRESS, port: int | None = None, token: str | None = None) -> str:
         query = f"?token={token}" if token else ""
         return f"http://{address}:{port or self.local_port}{self.path}{query}"
 
 
-def forwards(state: State, offset: int = 0) -> list[Forward]:
-    """The forwards for the deployed ports, local port = remote port + offset."""
+def forwards(state: State, host: Host, offset: int = 0) -> list[Forward]:
+    """The forwards for the host's deployed ports (and a cluster's balancer on its host), local port = remote port + offset."""
     ports = state.deploy["ports"]
-    planned = [Forward(service, int(ports[name]) + offset, int(ports[name]), path) for service, name, path in SERVICES]
+    address = remote_address(state, host)
+    planned = [
+        Forward(service, int(ports[name]) + offset, int(ports[name]), path, address) for service, name, path in SERVICES
+    ]
+    balancer = clusters.balancer_host(state)
+    if balancer is not None and balancer.name == host.name:
+        service, name, path = BALANCER
+        bind = reachable_address(state.deploy.get("bind_address") or "127.0.0.1")
+        planned.append(Forward(service, int(ports[name]) + offset, int(ports[name]), path, bind))
     for forward in planned:
         if not 0 < forward.local_port < 65536:
             raise TunnelError(
@@ -65,9 +77,9 @@ def forwards(state: State, offset: int = 0) -> list[Forward]:
     return planned
 
 
-def remote_address(state: State) -> str:
-    """Where the services listen on the host; a wildcard bind is reached on the loopback."""
-    return reachable_address(state.deploy.get("bind_address") or "127.0.0.1")
+def remote_address(state: State, host: Host) -> str:
+    """Where the host's services listen; a wildcard bind is reached on the loopback."""
+    return reachable_address(clusters.deployed_bind_addresses(state)[host.name])
 
 
 def deployed_home(state: State, host: Host) -> str:
@@ -121,20 +133,22 @@ def _free_offset(planned: list[Forward]) -> int | None:
     return None
 
 
-def ssh_command(host: Host, planned: list[Forward], target: str) -> list[str]:
+def ssh_command(host: Host, planned: list[Forward]) -> list[str]:
     """`ssh -N` with one -L per service; it exits if a forward cannot be set up."""
     options = ["-N", "-T", "-o", "ExitOnForwardFailure=yes", "-o", "ConnectTimeout=15",
                # A host that went away closes the tunnel (and tells) instead of hanging.
                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]  # fmt: skip
     for forward in planned:
-        options += ["-L", f"{LOCAL_ADDRESS}:{forward.local_port}:{target}:{forward.remote_port}"]
+        options += ["-L", f"{LOCAL_ADDRESS}:{forward.local_port}:{forward.remote_address}:{forward.remote_port}"]
     return host_commands.ssh_client_command(host, *options)
 
 
 def local_target_message(state: State, host: Host) -> str:
     """What `fab tunnel` says on the local target: the services need no tunnel, here they are."""
-    address, token = remote_address(state), read_token(host, deployed_home(state, host))
-    urls = [f.url(address, f.remote_port, token if f.service == "jupyter" else None) for f in forwards(state)]
+    token = read_token(host, deployed_home(state, host))
+    urls = [
+        f.url(f.remote_address, f.remote_port, token if f.service == "jupyter" else None) for f in forwards(state, host)
+    ]
     return f"the local target is this machine: the services are already at {', '.join(urls)} (no tunnel needed)"
 
 
@@ -196,11 +210,11 @@ def run(state: State, node: str = "0", offset: int = 0, say: Callable[[str], Non
         raise TunnelError("nothing is deployed: run `fab deploy` first")
     if host.connection == "local":
         raise TunnelError(local_target_message(state, host))
-    planned = forwards(state, offset)
+    planned = forwards(state, host, offset)
     check_ports_free(planned)
     token = read_token(host, deployed_home(state, host))
 
-    ssh = _Ssh(ssh_command(host, planned, remote_address(state)))
+    ssh = _Ssh(ssh_command(host, planned))
     # Ctrl-C, a closed terminal or a kill end the tunnel the same way: cleanly, exit status 0.
     # (Ctrl-C reaches ssh too, as it runs in our process group; stop is set before it exits.)
     stop = threading.Event()

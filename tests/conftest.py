@@ -99,7 +99,9 @@ def triton_server(tmp_path_factory, render_values, triton_runtime):
 
 # ---- the pipeline: isolated users of `fab`, and an SSH host
 
-PORT_NAMES = ("triton_http", "triton_grpc", "triton_metrics", "api", "jupyter")
+PORT_NAMES = (
+    "triton_http", "triton_grpc", "triton_metrics", "api", "jupyter", "balancer_http", "balancer_grpc", "balancer_stats",
+)  # fmt: skip
 
 
 def new_lab(tmp_path) -> Lab:

@@ -3,15 +3,26 @@ tests/cluster_nodes.py), the ssh target, the process runtime.
 
 Side by side: provision two hosts -> one host's deploy fails: the error names it, the other
 host finished -> deploy again: both serve -> teardown: nothing of ours left on either node.
+
+A cluster: deploy --cluster -> status shows the balancer and both backends UP -> requests
+through the balancer (over fab tunnel) reach both nodes -> one node's Triton stopped: status
+says it is DOWN, requests still succeed -> teardown: no balancer, nothing left on either node.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 import cluster_nodes
 import pytest
+import tritonclient.http as triton_http
+from food11 import FOOD11_LABELS
+from helpers import classify
+
+from provision import sample_images
 
 # One worker runs the tests of the tests' Docker engine (pytest-xdist's loadgroup).
 pytestmark = [pytest.mark.docker, pytest.mark.deploy, pytest.mark.xdist_group("docker")]
@@ -65,3 +76,60 @@ def test_hosts_are_deployed_side_by_side_and_a_failure_names_its_host(lab, nodes
         left = cluster_nodes.in_node(node, f"ls {lab.root / 'deploy-remote'} 2>&1; pgrep -a tritonserver")
         assert "No such file" in left.stdout and "tritonserver" not in left.stdout, left.stdout
 
+
+def inference_counts(node, port: int, model: str) -> int:
+    """How many inferences of `model` the node's Triton has served (its statistics API, from here)."""
+    client = triton_http.InferenceServerClient(f"{node.address}:{port}")
+    (stats,) = client.get_inference_statistics(model)["model_stats"]
+    return int(stats["inference_count"])
+
+
+def backends_line(status: str) -> str:
+    return next(line for line in status.splitlines() if "backends:" in line)
+
+
+def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_out(lab, nodes):
+    key, (first, second) = nodes
+    lab.extra_env["FABRIC_LAB_TRITON_WHEEL"] = str(cluster_nodes.triton_wheel())
+    lab.fab(*provision_args(key, (first, second)))
+    lab.fab("deploy", "--cluster", timeout=1500)
+
+    status = lab.fab("status").stdout
+    assert f"balancer: haproxy on {first.address}" in status, status
+    assert f"{first.address} UP" in backends_line(status) and f"{second.address} UP" in backends_line(status)
+
+    # Each node's Triton listens on its cluster address (here: where the test reaches it too).
+    http = lab.ports["triton_http"]
+    before = {node.name: inference_counts(node, http, "food_classifier") for node in (first, second)}
+    tunnel = lab.popen_fab("tunnel")
+    try:
+        output = ""
+        while "balancer:" not in output:
+            line = tunnel.stdout.readline()
+            assert line, f"fab tunnel ended:\n{output}"
+            output += line
+        balancer_port = lab.ports["balancer_http"]
+        assert f"balancer: http://127.0.0.1:{balancer_port}/v2/health/ready" in output
+        through = triton_http.InferenceServerClient(f"127.0.0.1:{balancer_port}")
+        image = sample_images.jpeg()
+        for _ in range(12):  # HTTP, through the balancer
+            assert classify(through, "food_classifier", [image])[0][0] in FOOD11_LABELS
+        after = {node.name: inference_counts(node, http, "food_classifier") for node in (first, second)}
+        assert all(after[name] > before[name] for name in after), (before, after)  # both nodes served some
+
+        # One node's Triton stops: the balancer's health check takes it out, requests still succeed.
+        cluster_nodes.in_node(second, "pkill -f bin/tritonserver")
+        deadline = time.monotonic() + 30
+        while f"{second.address} DOWN" not in backends_line(status := lab.fab("status").stdout):
+            assert time.monotonic() < deadline, status
+            time.sleep(1)
+        for _ in range(6):
+            assert classify(through, "food_classifier", [image])[0][0] in FOOD11_LABELS
+    finally:
+        tunnel.send_signal(signal.SIGINT)
+        tunnel.wait(timeout=30)
+
+    lab.fab("teardown")
+    for node in (first, second):
+        left = cluster_nodes.in_node(node, f"ls {lab.root / 'deploy-remote'} 2>&1; pgrep -a 'haproxy|tritonserver'")
+        assert "No such file" in left.stdout and "haproxy" not in left.stdout, left.stdout

@@ -176,6 +176,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
             key=private_key,
             connection="ssh",
             python=options.get("python") or None,
+            private_address=server.get("fixed_ip"),  # the shared network the nodes have in common
         )
         for server in info["servers"]
     ]
