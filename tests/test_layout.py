@@ -170,6 +170,6 @@ def test_the_project_s_settings_reach_the_roles_in_one_place_under_names_the_rol
     declared = {name for path in ROLES for name in yaml.safe_load(path.read_text())}
     mapping = yaml.safe_load((ROOT / "playbooks" / "vars" / "role_settings.yml").read_text())
     assert [name for name in mapping if name not in declared] == []
-    for play in ("deploy.yml", "teardown.yml"):
-        (loaded,) = yaml.safe_load((ROOT / "playbooks" / play).read_text())
-        assert loaded["vars_files"] == ["vars/role_settings.yml"], play
+    for playbook in ("deploy.yml", "teardown.yml"):
+        for play in yaml.safe_load((ROOT / "playbooks" / playbook).read_text()):
+            assert play["vars_files"] == ["vars/role_settings.yml"], (playbook, play["name"])
