@@ -209,14 +209,18 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
 
 @task(
     iterable=["model"],
-    help={"quick": "short measurements (a smoke run)", "model": "benchmark only this model (repeatable)"},
+    help={
+        "quick": "short measurements (a smoke run)",
+        "model": "benchmark only this model (repeatable)",
+        "cluster": "a deployed cluster: each node alone, then the cluster through its balancer; report's Cluster section",
+    },
 )
 @_fails_cleanly(BenchError, PlaybookError, LeaseTooShort)
-def bench(c, quick=False, model=None):
+def bench(c, quick=False, model=None, cluster=False):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
     from provision.bench import bench as run_bench
 
-    results = run_bench(_settings(c), _state(), models=model or None, quick=quick, say=print)
+    results = run_bench(_settings(c), _state(), models=model or None, quick=quick, say=print, cluster=cluster)
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
     return results
@@ -270,6 +274,7 @@ def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=
         "model": "benchmark only this model (repeatable)",
         "keep": "leave the deployment running afterwards (no teardown)",
         **CLUSTER_HELP,
+        "cluster": "deploy the hosts behind one load balancer and bench them as one (fab deploy/bench --cluster)",
     },
 )
 def run(
@@ -312,7 +317,7 @@ def run(
     stages = {
         "provision": lambda: provision(c, **provision_options),
         "deploy": lambda: deploy(c, cluster=cluster, lb_node=lb_node),
-        "bench": lambda: bench(c, quick=quick, model=model),
+        "bench": lambda: bench(c, quick=quick, model=model, cluster=cluster),
     }
     results_before = set(_run_folders(results_root(_settings(c))))
     failed, message, code, results = None, "", 0, None

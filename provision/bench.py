@@ -13,18 +13,20 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from provision import cluster as clusters
-from provision import config, runtimes, sample_images, targets
+from provision import cluster_report, config, runtimes, sample_images, targets
 from provision import state as state_module
 from provision.ansible import run_playbook
 from provision.deploy import docker_environment
 from provision.lease_guard import check_bench_fits, hours_to_extend, minutes, next_model_fits
 from provision.model_repo import model_names
 from provision.perf import PerfRun, input_encodings
-from provision.report import write_report
+from provision.report import concurrency_levels, write_report
+from provision.state import Host
 
 
 def results_root(settings: dict) -> Path:
@@ -73,13 +75,19 @@ def bench(
     models: list[str] | None = None,
     quick: bool = False,
     say: Callable[[str], None] = print,
+    cluster: bool = False,
 ) -> Path:
-    """Run the benchmark; return the results folder."""
+    """Run the benchmark; return the results folder.
+
+    cluster: measure the deployed cluster: each node alone (one after the other), then the
+    cluster through its balancer (provision.cluster_report), in the same run.
+    """
     if state.deploy.get("status") != "deployed":
         raise BenchError(
             "nothing is deployed: run `fab deploy` first"
             + (" (the last deploy did not finish)" if state.deploy.get("status") else "")
         )
+    balancer = _cluster_balancer(state) if cluster else None
     models = list(models or settings["bench"]["models"])
     encoding = settings["bench"].get("input_encoding", "raw")
     if encoding not in input_encodings():
@@ -90,7 +98,9 @@ def bench(
     lease = None
     if end is not None:  # before anything is written: a bench that cannot finish does not start
         lease = _Lease(state, settings, end)
-        check_bench_fits(end, len(models), profile, profile_name, lease.margin_minutes, _now())
+        # A cluster's models are measured twice: on each node alone, then through the balancer.
+        measurements = len(models) * (2 if cluster else 1)
+        check_bench_fits(end, measurements, profile, profile_name, lease.margin_minutes, _now())
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{state.target}"
     results = results_root(settings) / run_id
     for host in state.hosts:  # where the playbook saves each host's results
@@ -121,7 +131,10 @@ def bench(
         "lab_input_image": str(image),
         "lab_bench_input_encoding": encoding,
     }
-    if lease is None:
+    if balancer is not None:
+        _bench_cluster(settings, state, balancer, models, profile, runs_of, playbook_vars, say)
+        measured = runs
+    elif lease is None:
         run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(runs_of)}, say)
         measured = runs
     else:
@@ -141,6 +154,10 @@ def bench(
         git=git_commit(),
         partial=partial,
     )
+    if balancer is not None:
+        nodes, levels = [host.name for host in state.hosts], concurrency_levels(profile["concurrency_range"])
+        summary = cluster_report.summarize(results, balancer.name, nodes, _cluster_clients(settings, state), levels, models)
+        cluster_report.write(results, summary)
     if partial:
         left = lease.time_left_s()
         raise BenchError(
@@ -158,6 +175,67 @@ def bench(
 def _playbook_runs(runs_of: dict[str, list[PerfRun]], index: slice = slice(None)) -> dict[str, list[dict]]:
     """bench.yml's lab_bench_runs: {host: [{model, perf_analyzer's arguments}]}, the runs `index` selects."""
     return {host: [{"model": run.model, "args": run.command()[1:]} for run in runs[index]] for host, runs in runs_of.items()}
+
+
+def _cluster_balancer(state: state_module.State) -> Host:
+    """The deployed cluster's balancer host; BenchError where there is no cluster to measure."""
+    balancer = clusters.balancer_host(state)
+    if balancer is None:
+        raise BenchError(
+            "no cluster is deployed: `fab deploy --cluster` first (without --cluster, fab bench measures each host alone)"
+        )
+    refusal = runtimes.cluster_bench_refusal(state.runtime)
+    if refusal:
+        raise BenchError(refusal)
+    return balancer
+
+
+def _bench_cluster(
+    settings: dict,
+    state: state_module.State,
+    balancer: Host,
+    models: list[str],
+    profile: dict,
+    runs_of: dict[str, list[PerfRun]],
+    playbook_vars: dict,
+    say: Callable[[str], None],
+) -> None:
+    """Each node alone, one after the other (one host at a time), then the cluster through the balancer:
+    at each level, the clients side by side on the balancer's host (results/<run-id>/cluster/)."""
+    say(f"each of the {len(state.hosts)} nodes alone, one after the other")
+    run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(runs_of)}, say, forks=1)
+
+    clients = _cluster_clients(settings, state)
+    levels = concurrency_levels(profile["concurrency_range"])
+    ports = state.deploy["ports"]
+    url = f"{clusters.balancer_address(state)}:{ports['balancer_http']}"
+    groups, files = [], ["side_by_side_report.json"]
+    for model in models:
+        for level in levels:
+            (run,) = perf_runs([model], url, profile={**profile, "concurrency_range": f"{level}:{level}"})
+            name = cluster_report.group_name(model, level)
+            runs = [replace(run, csv_path=Path(cluster_report.client_csv(model, level, k))) for k in range(1, clients + 1)]
+            groups.append({"name": name, "runs": [client.command()[1:] for client in runs]})
+            files += [str(client.csv_path) for client in runs] + [f"{name}-{k}.log" for k in range(1, clients + 1)]
+    results = Path(playbook_vars["lab_results_dir"])
+    (results / "cluster").mkdir(parents=True, exist_ok=True)
+    say(f"the cluster through the balancer on {balancer.name}: {clients} clients side by side at each concurrency")
+    run_playbook(
+        "bench.yml",
+        {
+            **playbook_vars,
+            "lab_bench_runs": {},
+            "lab_bench_side_by_side": {balancer.name: groups},
+            "lab_bench_side_by_side_files": files,
+        },
+        say,
+        limit=balancer.name,
+    )
+
+
+def _cluster_clients(settings: dict, state: state_module.State) -> int:
+    """How many perf_analyzer clients measure a cluster side by side: lab.bench.cluster_clients, 0: one per node."""
+    return int(settings["bench"].get("cluster_clients") or 0) or len(state.hosts)
 
 
 class _Lease:

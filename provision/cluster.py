@@ -50,13 +50,18 @@ def of(state: State) -> dict:
     return state.deploy.get("cluster") or {}
 
 
+def balancer_address(state: State) -> str:
+    """Where the balancer answers on its host: lab.bind_address (127.0.0.1), a wildcard on the loopback."""
+    return reachable_address(state.deploy.get("bind_address") or "127.0.0.1")
+
+
 def balancer_status(state: State) -> list[str]:
     """`fab status`'s lines on the balancer: where it listens, which backends it counts as healthy."""
     host = balancer_host(state)
     if host is None:
         return []
     ports, home = state.deploy["ports"], state.deploy["hosts"].get(host.name, {}).get("home", "")
-    address = reachable_address(state.deploy.get("bind_address") or "127.0.0.1")
+    address = balancer_address(state)
     stats = f"http://{address}:{ports['balancer_stats']}/stats"
     command = f"PYTHONPATH={shlex.quote(f'{home}/{LIB_DIR}')} python3 -m provision.host.balancer status --stats-url {stats}"
     lines = [

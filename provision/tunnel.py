@@ -67,8 +67,9 @@ def forwards(state: State, host: Host, offset: int = 0) -> list[Forward]:
     balancer = clusters.balancer_host(state)
     if balancer is not None and balancer.name == host.name:
         service, name, path = BALANCER
-        bind = reachable_address(state.deploy.get("bind_address") or "127.0.0.1")
-        planned.append(Forward(service, int(ports[name]) + offset, int(ports[name]), path, bind))
+        planned.append(
+            Forward(service, int(ports[name]) + offset, int(ports[name]), path, clusters.balancer_address(state))
+        )
     for forward in planned:
         if not 0 < forward.local_port < 65536:
             raise TunnelError(

@@ -4,17 +4,20 @@ tests/cluster_nodes.py), the ssh target, the process runtime.
 Side by side: provision two hosts -> one host's deploy fails: the error names it, the other
 host finished -> deploy again: both serve -> teardown: nothing of ours left on either node.
 
-A cluster: deploy --cluster -> status shows the balancer and both backends UP -> requests
+A cluster: deploy --cluster -> status shows the balancer and both backends UP -> bench --cluster
+writes the report's cluster section (each node alone, then through the balancer) -> requests
 through the balancer (over fab tunnel) reach both nodes -> one node's Triton stopped: status
 says it is DOWN, requests still succeed -> teardown: no balancer, nothing left on either node.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import cluster_nodes
 import pytest
@@ -97,6 +100,18 @@ def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_o
     status = lab.fab("status").stdout
     assert f"balancer: haproxy on {first.address}" in status, status
     assert f"{first.address} UP" in backends_line(status) and f"{second.address} UP" in backends_line(status)
+
+    # Each node alone, then the cluster through the balancer, in one run.
+    bench = lab.fab("bench", "--cluster", "--quick", "--model", "food_classifier", timeout=1200)
+    results = Path(bench.stdout.split("results: ")[1].split()[0])
+    report = (results / "report.md").read_text()
+    assert "## Cluster: 2 nodes behind one balancer" in report and (results / "cluster.png").stat().st_size > 0
+    cluster = json.loads((results / "summary.json").read_text())["cluster"]
+    levels = cluster["models"]["food_classifier"]["levels"]
+    assert [row["concurrency_per_node"] for row in levels] == [2, 4] and all(row["throughput"] > 0 for row in levels)
+    assert all(row["nodes_alone"][node.address] > 0 for row in levels for node in (first, second))
+    assert 0 < cluster["models"]["food_classifier"]["efficiency"]
+    assert f"- food_classifier: {cluster['models']['food_classifier']['efficiency']:.2f}" in report
 
     # Each node's Triton listens on its cluster address (here: where the test reaches it too).
     http = lab.ports["triton_http"]

@@ -76,6 +76,15 @@ def bench_place(deployed: dict, run_id: str) -> dict:
 
 
 @routed
+def cluster_bench_refusal() -> str:
+    """Why `fab bench --cluster` cannot run its clients on the balancer's host ("": it can).
+
+    By default they run where perf_analyzer runs (bench_place), on the host's loopback.
+    """
+    return ""
+
+
+@routed
 def service_unit() -> str:
     """What runs each service, as `fab status` names it: a process id by default."""
     return "pid"

@@ -27,6 +27,16 @@ def stage(settings: dict, state: state_module.State, bundle: Path) -> None:
     containers.stage_build_context(settings, bundle / "build")
 
 
+def cluster_bench_refusal() -> str:
+    # perf_analyzer runs inside the API container, whose loopback is not the host's, where the
+    # balancer listens; the host itself has no perf_analyzer.
+    return (
+        "fab bench --cluster runs its clients on the balancer's host, which the docker runtime gives no "
+        "perf_analyzer: on this runtime, measure the nodes with `fab bench` and the balancer with your own client "
+        "through `fab tunnel`"
+    )
+
+
 def triton_endpoints(bind_address: str, ports: dict) -> tuple[str, str | None]:
     """Triton is the `triton` container on the API container's network; its GPU metrics are collected."""
     return f"triton:{ports['triton_http']}", f"triton:{ports['triton_metrics']}/metrics"

@@ -1,0 +1,98 @@
+"""`fab bench --cluster`: its report section, from perf_analyzer CSVs as the hosts send them back, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provision import cluster_report
+from provision.bench import BenchError, bench
+from provision.config import settings as lab_settings
+from provision.state import Host, State
+
+NODES = ["node-1", "node-2"]
+
+
+def perf_csv(path: Path, rows: dict[int, tuple[float, float]]) -> None:
+    """A perf_analyzer CSV: {concurrency: (infer/s, p99 ms)}."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["Concurrency,Inferences/Second,p50 latency,p90 latency,p95 latency,p99 latency"]
+    for level, (throughput, p99_ms) in rows.items():
+        lines.append(f"{level},{throughput},{p99_ms * 500:.0f},{p99_ms * 800:.0f},{p99_ms * 900:.0f},{p99_ms * 1000:.0f}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def bench_folder(tmp_path: Path, client_cpu_s: float = 1.0) -> Path:
+    """Two nodes alone at concurrency 2 and 4, two clients through the balancer at each level."""
+    perf_csv(tmp_path / "hosts/node-1/food_classifier.csv", {2: (20.0, 110), 4: (22.0, 190)})
+    perf_csv(tmp_path / "hosts/node-2/food_classifier.csv", {2: (18.0, 120), 4: (20.0, 200)})
+    for level, per_client in ((2, 17.0), (4, 19.5)):
+        for client in (1, 2):
+            name = cluster_report.client_csv("food_classifier", level, client)
+            perf_csv(tmp_path / "cluster" / name, {level: (per_client, 150 + 10 * client + level)})
+    report = [
+        {"name": f"food_classifier-c{level}", "wall_s": 10.0, "runs": [{"rc": 0, "cpu_s": client_cpu_s}] * 2}
+        for level in (2, 4)
+    ]
+    (tmp_path / "cluster/side_by_side_report.json").write_text(json.dumps(report))
+    return tmp_path
+
+
+def test_the_cluster_sums_its_clients_and_is_compared_with_n_times_the_nodes_mean(tmp_path):
+    summary = cluster_report.summarize(bench_folder(tmp_path), "node-1", NODES, 2, [2, 4], ["food_classifier"])
+
+    figures = summary["models"]["food_classifier"]
+    at_4 = figures["levels"][1]
+    assert at_4["concurrency_per_node"] == 4 and at_4["in_flight"] == 8
+    assert at_4["throughput"] == 39.0  # 2 x 19.5
+    assert at_4["p99_ms"] == 174.0  # the worst client's
+    assert at_4["nodes_alone"] == {"node-1": 22.0, "node-2": 20.0}
+    # best cluster 39.0 / (2 x mean(22, 20) = 42.0)
+    assert figures["efficiency"] == 0.929
+
+
+def test_the_report_says_whether_a_client_was_busy_enough_to_be_the_bottleneck(tmp_path):
+    idle = cluster_report.markdown(
+        cluster_report.summarize(bench_folder(tmp_path / "a"), "node-1", NODES, 2, [2, 4], ["food_classifier"])
+    )
+    assert "## Cluster: 2 nodes behind one balancer" in idle
+    assert "- food_classifier: 0.93" in idle
+    assert "the busiest client kept 10% of a core busy" in idle and "may have limited" not in idle
+    assert "| food_classifier | 4 | 39.0 | " in idle and "| 22.0 | 20.0 |" in idle
+
+    busy = cluster_report.markdown(
+        cluster_report.summarize(bench_folder(tmp_path / "b", 9.5), "node-1", NODES, 2, [2, 4], ["food_classifier"])
+    )
+    assert "kept 95% of a core busy" in busy and "it may have limited the cluster's figures" in busy
+
+
+def test_a_level_a_client_could_not_measure_has_no_aggregate(tmp_path):
+    folder = bench_folder(tmp_path)
+    (folder / "cluster" / cluster_report.client_csv("food_classifier", 4, 2)).unlink()
+    figures = cluster_report.summarize(folder, "node-1", NODES, 2, [2, 4], ["food_classifier"])["models"]
+    at_4 = figures["food_classifier"]["levels"][1]
+    assert at_4["clients_measured"] == 1 and "throughput" not in at_4
+    assert figures["food_classifier"]["efficiency"] == round(34.0 / 42.0, 3)  # the best level measured: 2
+    assert "| food_classifier | 4 | not measured |" in cluster_report.markdown(
+        cluster_report.summarize(folder, "node-1", NODES, 2, [2, 4], ["food_classifier"])
+    )
+
+
+def deployed_state(runtime: str, cluster: dict) -> State:
+    hosts = [Host(name=name, address=f"10.0.0.{index}") for index, name in enumerate(NODES, start=1)]
+    deployed = {name: {"home": "/home/cc/triton-lab", "serving_python": "/usr/bin/python3"} for name in NODES}
+    state = State(target="ssh", hosts=hosts, runtime=runtime)
+    state.deploy = {"status": "deployed", "hosts": deployed, "ports": lab_settings()["ports"], "cluster": cluster}
+    return state
+
+
+def test_a_cluster_bench_needs_a_deployed_cluster_and_a_runtime_whose_clients_reach_the_balancer(tmp_path):
+    settings = lab_settings({"results_dir": str(tmp_path)})
+    with pytest.raises(BenchError, match=r"no cluster is deployed: `fab deploy --cluster` first"):
+        bench(settings, deployed_state("process", {}), cluster=True)
+    cluster = {"balancer": "node-1", "addresses": {"node-1": "10.0.0.1", "node-2": "10.0.0.2"}}
+    with pytest.raises(BenchError, match="the docker runtime gives no perf_analyzer"):
+        bench(settings, deployed_state("docker", cluster), cluster=True)
+    assert list(tmp_path.iterdir()) == [], "refused before anything was written"
