@@ -16,16 +16,14 @@ install it with apt: a container of this engine may have no route to a mirror).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker_engine
-from docker_engine import ENGINE_ROOT, PROJECT_ROOT, debian_mirror, docker, has_image
+from docker_engine import PROJECT_ROOT, docker, has_image, import_debian_root
 
 NODE_IMAGE = "triton-lab-standin/node:bookworm"
 NODE_PACKAGES = (
@@ -43,23 +41,14 @@ class Node:
     address: str  # on the bridge network: where the controller and the other nodes reach it
 
 
+def _without_host_keys(root: Path) -> None:
+    for key in root.glob("etc/ssh/ssh_host_*"):
+        key.unlink()  # each node makes its own at start
+
+
 def build_node_image() -> None:
-    if has_image(NODE_IMAGE):
-        return
-    with tempfile.TemporaryDirectory(dir=ENGINE_ROOT) as folder:
-        root = Path(folder) / "root"
-        subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(NODE_PACKAGES)}", "bookworm", str(root),
-             debian_mirror()],
-            check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        for key in root.glob("etc/ssh/ssh_host_*"):
-            key.unlink()  # each node makes its own at start
-        shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
-        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        docker("import", "--change", "ENV LANG=C.UTF-8", "-", NODE_IMAGE, stdin=tar.stdout, stdout=subprocess.DEVNULL)
-        tar.wait()
-    print(f"built {NODE_IMAGE}")
+    if not has_image(NODE_IMAGE):
+        import_debian_root(NODE_IMAGE, NODE_PACKAGES, _without_host_keys)
 
 
 def triton_wheel() -> Path:

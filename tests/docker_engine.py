@@ -172,29 +172,36 @@ def has_image(tag: str) -> bool:
     return docker("image", "inspect", tag, check=False, capture_output=True).returncode == 0
 
 
-def build_python_standin() -> None:
-    if has_image(PYTHON_STANDIN):
-        return
+def import_debian_root(tag: str, packages: tuple[str, ...], tidy, changes: tuple[str, ...] = ()) -> None:
+    """A Debian bookworm root (`debootstrap --variant=minbase` with `packages`), `tidy(root)` applied,
+    imported as image `tag` (Dockerfile instructions `changes` applied by `docker import`)."""
     with tempfile.TemporaryDirectory(dir=ENGINE_ROOT) as folder:
         root = Path(folder) / "root"
         subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm", str(root),
+            ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", "bookworm", str(root),
              debian_mirror()],
             check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        # python:3.11-slim's pip installs as root; Debian's refuses without this marker gone (PEP 668).
-        for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
-            marker.unlink()
         shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
-        shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
-        (root / "var/lib/apt/lists/partial").mkdir(parents=True)
+        tidy(root)
         tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        docker(
-            "import", "--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["python3"]', "-", PYTHON_STANDIN,
-            stdin=tar.stdout, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        options = [argument for change in ("ENV LANG=C.UTF-8", *changes) for argument in ("--change", change)]
+        docker("import", *options, "-", tag, stdin=tar.stdout, stdout=subprocess.DEVNULL)
         tar.wait()
-    print(f"built {PYTHON_STANDIN}")
+    print(f"built {tag}")
+
+
+def _tidy_python_root(root: Path) -> None:
+    # python:3.11-slim's pip installs as root; Debian's refuses without this marker gone (PEP 668).
+    for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
+    shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
+    (root / "var/lib/apt/lists/partial").mkdir(parents=True)
+
+
+def build_python_standin() -> None:
+    if not has_image(PYTHON_STANDIN):
+        import_debian_root(PYTHON_STANDIN, BASE_PACKAGES, _tidy_python_root, changes=('CMD ["python3"]',))
 
 
 TRITON_STANDIN_DOCKERFILE = f"""\
