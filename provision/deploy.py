@@ -159,10 +159,14 @@ def deploy(
         return run_playbook("deploy.yml", variables, say, check=True, forks=forks)
     # Written first: a deploy interrupted half-way still leaves a state that
     # teardown knows how to clean up, and `fab deploy` again simply continues.
+    # With where the services listen and the cluster: teardown verifies those addresses and stops a balancer.
     state.deploy = {
         "status": "in-progress",
         "home": variables["lab_deploy_dir"],
         "hosts": state.deploy.get("hosts", {}),
+        "bind_address": variables["lab_bind_address"],
+        "bind_addresses": variables["lab_bind_addresses"],
+        "cluster": plan,
     }
     state_module.save(state)
     result = run_playbook("deploy.yml", variables, say, forks=forks)
