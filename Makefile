@@ -53,15 +53,16 @@ docker-bases: setup
 
 # What the tests need from the system: sshd (the ssh-target tests start their own
 # on 127.0.0.1), sudo (Ansible's become on that host) and Debian's docker-compose
-# (a real Compose parser for the docker runtime's definitions; no engine is needed).
-SYSTEM_TOOLS := /usr/sbin/sshd /usr/bin/sudo /usr/bin/docker-compose
+# (a real Compose parser for the docker runtime's definitions; no engine is needed), HAProxy
+# (the balancer of the docker runtime's cluster test, which deploys to this machine).
+SYSTEM_TOOLS := /usr/sbin/sshd /usr/bin/sudo /usr/bin/docker-compose /usr/sbin/haproxy
 system-deps:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do test -x $$tool || missing=yes; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server sudo docker-compose >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server sudo docker-compose haproxy >/dev/null; \
 	  else \
-	    echo "the tests need: sudo apt-get install openssh-server sudo docker-compose" >&2; exit 1; \
+	    echo "the tests need: sudo apt-get install openssh-server sudo docker-compose haproxy" >&2; exit 1; \
 	  fi; \
 	fi
 

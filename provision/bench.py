@@ -184,9 +184,6 @@ def _cluster_balancer(state: state_module.State) -> Host:
         raise BenchError(
             "no cluster is deployed: `fab deploy --cluster` first (without --cluster, fab bench measures each host alone)"
         )
-    refusal = runtimes.cluster_bench_refusal(state.runtime)
-    if refusal:
-        raise BenchError(refusal)
     return balancer
 
 
@@ -226,6 +223,9 @@ def _bench_cluster(
             **playbook_vars,
             "lab_bench_runs": {},
             "lab_bench_side_by_side": {balancer.name: groups},
+            "lab_bench_cluster_place": runtimes.cluster_clients_place(
+                state.runtime, state.deploy["hosts"][balancer.name], playbook_vars["lab_run_id"]
+            ),
             "lab_bench_side_by_side_files": files,
         },
         say,

@@ -86,7 +86,7 @@ def markdown(summary: dict) -> str:
         "(more clients: lab.bench.cluster_clients)"
     )
     lines = [
-        f"## Cluster: {len(nodes)} nodes behind one balancer",
+        f"## Cluster: {len(nodes)} node{'s' if len(nodes) != 1 else ''} behind one balancer",
         "",
         f"HAProxy on {summary['balancer']} (least connections, health checks on /v2/health/ready). "
         f"Through it: {clients} perf_analyzer clients side by side on the balancer's host, each at the "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import cluster_report
+from provision import cluster_report, runtimes
 from provision.bench import BenchError, bench
 from provision.config import settings as lab_settings
 from provision.state import Host, State
@@ -88,11 +88,24 @@ def deployed_state(runtime: str, cluster: dict) -> State:
     return state
 
 
-def test_a_cluster_bench_needs_a_deployed_cluster_and_a_runtime_whose_clients_reach_the_balancer(tmp_path):
+def test_a_cluster_bench_needs_a_deployed_cluster(tmp_path):
     settings = lab_settings({"results_dir": str(tmp_path)})
     with pytest.raises(BenchError, match=r"no cluster is deployed: `fab deploy --cluster` first"):
         bench(settings, deployed_state("process", {}), cluster=True)
-    cluster = {"balancer": "node-1", "addresses": {"node-1": "10.0.0.1", "node-2": "10.0.0.2"}}
-    with pytest.raises(BenchError, match="the docker runtime gives no perf_analyzer"):
-        bench(settings, deployed_state("docker", cluster), cluster=True)
     assert list(tmp_path.iterdir()) == [], "refused before anything was written"
+
+
+def test_the_clients_run_where_the_balancer_s_loopback_is_theirs():
+    deployed = deployed_state("docker", {}).deploy["hosts"]["node-1"]
+    # process: the serving virtualenv's perf_analyzer, on the host itself.
+    on_host = runtimes.cluster_clients_place("process", deployed, "run-1")
+    assert on_host == runtimes.bench_place("process", deployed, "run-1")
+    assert on_host["exec"] == [] and on_host["tools"] == "/usr/bin/"
+    # docker: not in the API container (its loopback is its own), but a container of the API image
+    # on the host's network, with the bench folder as its working folder.
+    in_container = runtimes.cluster_clients_place("docker", deployed, "run-1")
+    assert in_container["exec"] == [
+        "docker", "compose", "--file", "/home/cc/triton-lab/compose.yaml", "run", "--rm", "--no-TTY",
+        "--workdir", "/app/bench/run-1", "clients",
+    ]  # fmt: skip
+    assert in_container["tools"] == "" and in_container["become"]

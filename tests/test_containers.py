@@ -66,6 +66,19 @@ def test_compose_accepts_the_definition_and_resolves_mounts_against_the_deploy_f
     assert resolved["secrets"]["jupyter_token"]["file"] == str(staged / "run" / "jupyter.token")
 
 
+def test_the_cluster_bench_clients_are_the_api_image_on_the_host_network_and_not_started_by_up(staged):
+    compose = definition(staged)
+    resolved = resolved_by_compose(staged, compose)["services"]["clients"]
+    assert resolved["image"] == compose["services"]["api"]["image"], "the API image: its perf_analyzer"
+    assert resolved["network_mode"] == "host", "the balancer listens on the host's loopback"
+    assert resolved["profiles"] == ["clients"], "`docker compose up` leaves it alone; `run` starts it"
+    assert resolved["user"] == "1000:1000"
+    assert resolved["entrypoint"] == ["env"], "runs the command it is given, not the API's entrypoint"
+    mounts = {target: source for source, target, *_ in (v.split(":") for v in resolved["volumes"])}
+    assert mounts == {"/app/bench": str(staged / "bench"), "/app/lib": str(staged / "lib")}
+    assert resolved["environment"]["PYTHONPATH"] == "/app/lib", "python -m provision.host.side_by_side"
+
+
 def test_triton_gets_every_gpu_enough_shared_memory_and_a_restart_policy(staged):
     triton = definition(staged)["services"]["triton"]
     assert triton["deploy"]["resources"]["reservations"]["devices"] == [
@@ -91,7 +104,7 @@ def test_a_host_without_gpus_gets_no_device_request_and_no_memlock_limit(staged)
 def test_both_containers_share_a_user_defined_network_and_the_api_finds_triton_by_name(staged):
     compose = definition(staged)
     assert compose["networks"]["lab"] == {"name": "triton-lab", "driver": "bridge"}
-    for service in compose["services"].values():
+    for service in (compose["services"]["triton"], compose["services"]["api"]):
         assert service["networks"] == ["lab"] and service["restart"] == "unless-stopped"
     api = compose["services"]["api"]
     assert api["environment"]["TRITON_URL"] == f"triton:{PORTS['triton_http']}", "not localhost: another container"
@@ -101,10 +114,10 @@ def test_both_containers_share_a_user_defined_network_and_the_api_finds_triton_b
 
 def test_every_port_is_bound_to_127_0_0_1_unless_published(staged):
     private = definition(staged)
-    ports = [port for service in private["services"].values() for port in service["ports"]]
+    ports = [port for service in private["services"].values() for port in service.get("ports", [])]
     assert sorted(ports) == sorted(f"127.0.0.1:{port}:{port}" for name, port in PORTS.items() if name in SERVED_PORTS)
     published = definition(staged, bind_address="0.0.0.0")
-    assert all(port.startswith("0.0.0.0:") for s in published["services"].values() for port in s["ports"])
+    assert all(port.startswith("0.0.0.0:") for s in published["services"].values() for port in s.get("ports", []))
 
 
 def test_the_ports_come_from_the_one_place_that_knows_them(staged):

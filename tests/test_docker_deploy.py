@@ -9,6 +9,9 @@ provision --runtime docker -> deploy (all four roles, both images built) -> ever
 -> /classify through the API container -> Jupyter with and without its token -> status, logs
 -> bench --quick from inside the API container -> deploy again (no change, no restart)
 -> a changed model config restarts the Triton container only -> teardown: nothing of ours left.
+A cluster on the docker runtime: deploy --cluster over SSH -> HAProxy in front of the Triton
+container -> bench --cluster's clients in a container of the API image on the host's network ->
+the Triton container stopped: status says DOWN -> teardown: no balancer, nothing of ours left.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +27,9 @@ from pathlib import Path
 
 import docker_engine
 import pytest
-from helpers import post_image
+import tritonclient.http as triton_http
+from food11 import FOOD11_LABELS
+from helpers import classify, post_image
 from test_pipeline import changed_tasks, http_status, only_model_touched, served_instance_counts
 
 from provision import sample_images
@@ -156,6 +162,47 @@ def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab,
     assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
     assert docker("image", "inspect", "--format", "ok", engine.TRITON_STANDIN) == "ok", "the base images stay cached"
     assert os.path.exists(results / "summary.json"), "teardown keeps the results"
+
+
+def test_a_cluster_on_the_docker_runtime_balances_its_containers_and_benchmarks_through_the_balancer(
+    engine, lab, sshd
+):
+    # One node, this machine over SSH: the docker-specific parts of a cluster (the Triton container
+    # published where the balancer reaches it, the bench's clients on the host's network) on the
+    # tests' one engine; several nodes are tests/test_cluster.py's, on the process runtime.
+    lab.extra_env.update(engine.settings() | {"FABRIC_LAB_DOCKER_PROJECT": PROJECT})
+    lab.fab(
+        "provision", "--target", "ssh", "--runtime", "docker", "--host", "127.0.0.1", "--port", str(sshd.port),
+        "--user", sshd.user, "--key", str(sshd.key), "--python", "/usr/bin/python3",
+    )  # fmt: skip
+    node = lab.state()["hosts"][0]["name"]
+    lab.fab("deploy", "--cluster", timeout=2400)
+    status = lab.fab("status").stdout
+    assert f"balancer: haproxy on {node}" in status and f"triton_http backends: {node} UP" in status, status
+
+    through = triton_http.InferenceServerClient(f"127.0.0.1:{lab.ports['balancer_http']}")
+    assert classify(through, "food_classifier", [sample_images.jpeg()])[0][0] in FOOD11_LABELS
+
+    bench = lab.fab("bench", "--cluster", "--quick", "--model", "food_classifier", timeout=1800).stdout
+    results = lab.results_dir / re.search(r"results: .*/([^/\s]+)\n", bench).group(1)
+    assert "## Cluster: 1 node behind one balancer" in (results / "report.md").read_text()
+    levels = json.loads((results / "summary.json").read_text())["cluster"]["models"]["food_classifier"]["levels"]
+    assert levels and all(row["throughput"] > 0 and row["nodes_alone"][node] > 0 for row in levels), levels
+    assert not docker("ps", "--all", "--quiet", "--filter", "label=com.docker.compose.service=clients"), (
+        "the clients' container is gone after the run"
+    )
+
+    # The Triton container stops: the balancer's health check takes it out, and status says so.
+    docker("stop", f"{PROJECT}-triton-1")
+    deadline = time.monotonic() + 30
+    while f"triton_http backends: {node} DOWN" not in (status := lab.fab("status").stdout):
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+
+    lab.fab("teardown")
+    assert ours() == {"containers": [], "networks": [], "images": []}
+    assert subprocess.run(["pgrep", "-f", f"haproxy.*{lab.root}"], capture_output=True).stdout == b""
+    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
 
 
 def test_a_failed_build_names_the_failing_step_and_its_log_and_teardown_cleans_up(engine, lab, tmp_path):

@@ -66,6 +66,22 @@ def bench_place(deployed: dict, run_id: str) -> dict:
 
     By default on the host itself, with the serving virtualenv's tools.
     """
+    return _on_the_host(deployed)
+
+
+@routed
+def cluster_clients_place(deployed: dict, run_id: str) -> dict:
+    """Where `fab bench --cluster` runs its perf_analyzer clients on the balancer's host, shaped as
+    bench_place's answer: they reach the balancer on the host's loopback and run
+    `python -m provision.host.side_by_side` (the host's lib folder on their path).
+
+    By default on the host itself, as bench_place.
+    """
+    return _on_the_host(deployed)
+
+
+def _on_the_host(deployed: dict) -> dict:
+    """perf_analyzer and python of the serving virtualenv, run on the host in the bench folder."""
     python = deployed.get("serving_python") or deployed["host_python"]
     return {
         "exec": [],
@@ -73,15 +89,6 @@ def bench_place(deployed: dict, run_id: str) -> dict:
         "client_scripts": f"{deployed['home']}/client_scripts",
         "become": False,
     }
-
-
-@routed
-def cluster_bench_refusal() -> str:
-    """Why `fab bench --cluster` cannot run its clients on the balancer's host ("": it can).
-
-    By default they run where perf_analyzer runs (bench_place), on the host's loopback.
-    """
-    return ""
 
 
 @routed

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from provision.config import PROJECT_ROOT
-from provision.host.layout import TOKEN_FILE
+from provision.host.layout import LIB_DIR, TOKEN_FILE
 from provision.host.tritonserver import EXPLICIT_MODEL_CONTROL
 
 # Where things are inside the containers.
@@ -43,6 +43,10 @@ MODELS_IN_CONTAINER = "/models"
 WEIGHTS_IN_CONTAINER = "/weights"
 HF_CACHE_IN_CONTAINER = "/cache/huggingface"
 BENCH_IN_CONTAINER = "/app/bench"
+LIB_IN_CONTAINER = "/app/lib"
+# The service of `fab bench --cluster`'s clients: not started by `up` (a Compose profile of its
+# own), run once per bench with `docker compose run`.
+CLIENTS_SERVICE = "clients"
 TOKEN_SECRET = "jupyter_token"
 
 # The files of each image's build context, relative to the project root
@@ -231,10 +235,22 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
         "networks": ["lab"],
         "restart": "unless-stopped",
     }
+    # fab bench --cluster's perf_analyzer clients: the API image (its perf_analyzer) on the host's
+    # network, since the balancer listens on the host's loopback, which the API container's is not.
+    clients = {
+        "image": image_tags["api"],
+        "profiles": [CLIENTS_SERVICE],
+        # The command `docker compose run` is given, as it is (the image's entrypoint starts the API).
+        "entrypoint": ["env"],
+        "user": api["user"],
+        "environment": {"PYTHONPATH": LIB_IN_CONTAINER, "HOME": "/tmp"},  # provision.host.side_by_side
+        "volumes": [f"./bench:{BENCH_IN_CONTAINER}", f"./{LIB_DIR}:{LIB_IN_CONTAINER}:ro"],
+        "network_mode": "host",
+    }
     # The project's name comes from COMPOSE_PROJECT_NAME in .env (the role writes it):
     # every Compose release reads that, older ones reject a top-level `name:`.
     return {
-        "services": {"triton": triton, "api": api},
+        "services": {"triton": triton, "api": api, CLIENTS_SERVICE: clients},
         "networks": {"lab": {"name": project, "driver": "bridge"}},
         "secrets": {TOKEN_SECRET: {"file": f"./{TOKEN_FILE}"}},
     }

@@ -3,7 +3,8 @@
 On the host, provision.host.container_runtime reports the containers and prints
 their logs through Compose; the images' torch is the Triton image's, whatever
 the target; perf_analyzer runs in the API container against the `triton`
-container. Ansible tasks: playbooks/runtimes/docker/.
+container, and `fab bench --cluster`'s clients in a container of the API image
+on the host's network. Ansible tasks: playbooks/runtimes/docker/.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from provision import state as state_module
 from provision.host.layout import LIB_DIR
 from provision.runtimes import containers
+from provision.runtimes.containers import BENCH_IN_CONTAINER, CLIENTS_SERVICE
 
 
 def serving_pins(settings: dict, state: state_module.State) -> tuple[str, str]:
@@ -27,16 +29,6 @@ def stage(settings: dict, state: state_module.State, bundle: Path) -> None:
     containers.stage_build_context(settings, bundle / "build")
 
 
-def cluster_bench_refusal() -> str:
-    # perf_analyzer runs inside the API container, whose loopback is not the host's, where the
-    # balancer listens; the host itself has no perf_analyzer.
-    return (
-        "fab bench --cluster runs its clients on the balancer's host, which the docker runtime gives no "
-        "perf_analyzer: on this runtime, measure the nodes with `fab bench` and the balancer with your own client "
-        "through `fab tunnel`"
-    )
-
-
 def triton_endpoints(bind_address: str, ports: dict) -> tuple[str, str | None]:
     """Triton is the `triton` container on the API container's network; its GPU metrics are collected."""
     return f"triton:{ports['triton_http']}", f"triton:{ports['triton_metrics']}/metrics"
@@ -45,12 +37,27 @@ def triton_endpoints(bind_address: str, ports: dict) -> tuple[str, str | None]:
 def bench_place(deployed: dict, run_id: str) -> dict:
     """In the API container, whose image has perf_analyzer and the client scripts; the bench folder is mounted there."""
     return {
-        "exec": ["docker", "compose", "--file", f"{deployed['home']}/compose.yaml", "exec", "--no-TTY",
-                 "--workdir", f"/app/bench/{run_id}", "api"],
+        "exec": [*_compose(deployed), "exec", "--no-TTY", "--workdir", f"{BENCH_IN_CONTAINER}/{run_id}", "api"],
         "tools": "",
         "client_scripts": "/app/client_scripts",
         "become": True,
     }  # fmt: skip
+
+
+def cluster_clients_place(deployed: dict, run_id: str) -> dict:
+    """A container of the API image on the host's network (compose.yaml's `clients` service): the
+    balancer listens on the host's loopback, which the API container's is not."""
+    return {
+        "exec": [*_compose(deployed), "run", "--rm", "--no-TTY", "--workdir", f"{BENCH_IN_CONTAINER}/{run_id}",
+                 CLIENTS_SERVICE],
+        "tools": "",
+        "client_scripts": "/app/client_scripts",
+        "become": True,
+    }  # fmt: skip
+
+
+def _compose(deployed: dict) -> list[str]:
+    return ["docker", "compose", "--file", f"{deployed['home']}/compose.yaml"]
 
 
 def service_unit() -> str:
