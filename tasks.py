@@ -71,7 +71,8 @@ INTERRUPTED = 130
 # The flags of `fab deploy` that make a cluster, which `fab run` takes too.
 CLUSTER_HELP = {
     "cluster": "serve the hosts behind one load balancer (HAProxy on the first host; a deployed cluster stays one)",
-    "lb_node": "with --cluster: the host (name or index) that runs the balancer",
+    "lb_node": "with --cluster: a host (name or index) of its own for the balancer and the bench's clients "
+    "(not a backend; without it the first host serves and balances)",
 }
 
 # The flags of `fab provision`, which `fab run` takes too.

@@ -155,7 +155,7 @@ def bench(
         partial=partial,
     )
     if balancer is not None:
-        nodes, levels = [host.name for host in state.hosts], concurrency_levels(profile["concurrency_range"])
+        nodes, levels = _cluster_nodes(state), concurrency_levels(profile["concurrency_range"])
         summary = cluster_report.summarize(results, balancer.name, nodes, _cluster_clients(settings, state), levels, models)
         cluster_report.write(results, summary)
     if partial:
@@ -198,9 +198,12 @@ def _bench_cluster(
     say: Callable[[str], None],
 ) -> None:
     """Each node alone, one after the other (one host at a time), then the cluster through the balancer:
-    at each level, the clients side by side on the balancer's host (results/<run-id>/cluster/)."""
-    say(f"each of the {len(state.hosts)} nodes alone, one after the other")
-    run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(runs_of)}, say, forks=1)
+    at each level, the clients side by side on the balancer's host (results/<run-id>/cluster/).
+    The nodes are the balancer's backends (not a balancer's own node)."""
+    nodes = _cluster_nodes(state)
+    say(f"each of the {len(nodes)} nodes alone, one after the other")
+    alone = {host: runs for host, runs in runs_of.items() if host in nodes}
+    run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(alone)}, say, forks=1)
 
     clients = _cluster_clients(settings, state)
     levels = concurrency_levels(profile["concurrency_range"])
@@ -233,9 +236,14 @@ def _bench_cluster(
     )
 
 
+def _cluster_nodes(state: state_module.State) -> list[str]:
+    """The hosts that serve the cluster (its balancer's backends)."""
+    return [host.name for host in clusters.backends(state, clusters.of(state))]
+
+
 def _cluster_clients(settings: dict, state: state_module.State) -> int:
     """How many perf_analyzer clients measure a cluster side by side: lab.bench.cluster_clients, 0: one per node."""
-    return int(settings["bench"].get("cluster_clients") or 0) or len(state.hosts)
+    return int(settings["bench"].get("cluster_clients") or 0) or len(_cluster_nodes(state))
 
 
 class _Lease:

@@ -3,11 +3,15 @@
 `fab deploy --cluster [--lb-node NODE]` makes one: each host's services listen on
 its cluster address (the address the other hosts reach it at: Host.private_address,
 Chameleon's fixed IP on the shared network, else the address we reach it at), so
-that the balancer, on the first host or on NODE, reaches every Triton; the balancer
-itself listens on 127.0.0.1 of its host like every other service (`fab tunnel`
-forwards it). The state records it in state.deploy["cluster"]:
+that the balancer reaches every Triton; the balancer itself listens on 127.0.0.1
+of its host like every other service (`fab tunnel` forwards it). It runs on the
+first host, which also serves, or on NODE, a node of its own: the balancer and
+`fab bench --cluster`'s clients have it to themselves, and its Triton (deployed
+like every host's: the clients' perf_analyzer is the serving stack's) gets no
+requests. The state records it in state.deploy["cluster"]:
 
-    {"balancer": "node-1", "addresses": {"node-1": "10.52.0.11", "node-2": "10.52.0.12"}}
+    {"balancer": "node-3", "own_node": true,
+     "addresses": {"node-1": "10.52.0.11", "node-2": "10.52.0.12", "node-3": "10.52.0.13"}}
 
 and a later `fab deploy` keeps it; `fab teardown` removes it with the rest.
 """
@@ -35,14 +39,34 @@ def cluster_address(host: Host) -> str:
 
 
 def plan(state: State, balancer: str = "") -> dict:
-    """The cluster of the state's hosts, its balancer on `balancer` (a host's name or index) or on the first."""
+    """The cluster of the state's hosts, its balancer on `balancer` (a host's name or index: a node of
+    its own), else where the deployed cluster has it, else on the first host (which also serves)."""
     recorded = state.deploy.get("cluster") or {}
     try:
         chosen = select(state.hosts, balancer) if balancer else None
     except ValueError as error:  # no such host: the message names the hosts there are
         raise ClusterError(f"--lb-node: {error}") from None
-    name = chosen.name if chosen else recorded.get("balancer") or state.hosts[0].name
-    return {"balancer": name, "addresses": {host.name: cluster_address(host) for host in state.hosts}}
+    if chosen is not None:
+        name, own_node = chosen.name, True
+    else:
+        name, own_node = recorded.get("balancer") or state.hosts[0].name, bool(recorded.get("own_node"))
+    if own_node and len(state.hosts) < 2:
+        raise ClusterError(
+            f"--lb-node {name}: a node of its own for the balancer leaves no host to serve; provision one more "
+            "(`fab provision --count 2`, or a second --host), or leave out --lb-node to balance on the serving host"
+        )
+    return {
+        "balancer": name,
+        "own_node": own_node,
+        "addresses": {host.name: cluster_address(host) for host in state.hosts},
+    }
+
+
+def backends(state: State, cluster: dict) -> list[Host]:
+    """The hosts whose Triton the balancer sends requests to: every host but a balancer's own node."""
+    if not cluster:
+        return []
+    return [host for host in state.hosts if not (cluster.get("own_node") and host.name == cluster["balancer"])]
 
 
 def of(state: State) -> dict:
@@ -64,9 +88,10 @@ def balancer_status(state: State) -> list[str]:
     address = balancer_address(state)
     stats = f"http://{address}:{ports['balancer_stats']}/stats"
     command = f"PYTHONPATH={shlex.quote(f'{home}/{LIB_DIR}')} python3 -m provision.host.balancer status --stats-url {stats}"
+    own_node = " (a node of its own: its Triton gets no requests)" if of(state).get("own_node") else ""
     lines = [
-        f"balancer: haproxy on {host.name}, http://{address}:{ports['balancer_http']} (gRPC :{ports['balancer_grpc']}, "
-        f"statistics {stats})"
+        f"balancer: haproxy on {host.name}{own_node}, http://{address}:{ports['balancer_http']} "
+        f"(gRPC :{ports['balancer_grpc']}, statistics {stats})"
     ]
     try:
         result = host_commands.run(host, command, timeout_s=30)
@@ -106,7 +131,7 @@ def deployed_bind_addresses(state: State) -> dict[str, str]:
 
 
 def balancer_backends(state: State, cluster: dict, ports: dict) -> list[dict]:
-    """The load_balancer role's backends: every host's Triton at its cluster address (none without a cluster)."""
+    """The load_balancer role's backends: each backend host's Triton at its cluster address (none without a cluster)."""
     return [
         {
             "name": host.name,
@@ -114,6 +139,5 @@ def balancer_backends(state: State, cluster: dict, ports: dict) -> list[dict]:
             "http_port": ports["triton_http"],
             "grpc_port": ports["triton_grpc"],
         }
-        for host in state.hosts
-        if cluster
+        for host in backends(state, cluster)
     ]

@@ -89,7 +89,7 @@ def markdown(summary: dict) -> str:
         f"## Cluster: {len(nodes)} node{'s' if len(nodes) != 1 else ''} behind one balancer",
         "",
         f"HAProxy on {summary['balancer']} (least connections, health checks on /v2/health/ready). "
-        f"Through it: {clients} perf_analyzer clients side by side on the balancer's host, each at the "
+        f"Through it: {clients} perf_analyzer client{'s' if clients != 1 else ''} side by side on the balancer's host, each at the "
         f"concurrency below ({clients} x that in flight); each node measured alone at that concurrency, "
         "one node at a time, in the same run. The cluster's throughput is the sum of its clients', its "
         "latencies the worst client's.",

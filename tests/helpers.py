@@ -152,3 +152,16 @@ def bench_run(
         git={"commit": None, "dirty": False},
     )
     return run
+
+
+APIS = ("triton_http", "triton_grpc")  # a cluster balancer's backends, as fab status names them
+
+
+def status_once(lab, lines: list[str], timeout_s: float = 30) -> str:
+    """`fab status` once it shows every one of `lines`: HAProxy checks each server every 2 s, and a
+    check a busy server answers late counts as failed for one round (status shows `UP 1/2` then)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(line in (status := lab.fab("status").stdout) for line in lines):
+        assert time.monotonic() < deadline, f"not all of {lines} in:\n{status}"
+        time.sleep(1)
+    return status

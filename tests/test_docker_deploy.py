@@ -10,7 +10,7 @@ provision --runtime docker -> deploy (all four roles, both images built) -> ever
 -> bench --quick from inside the API container -> deploy again (no change, no restart)
 -> a changed model config restarts the Triton container only -> teardown: nothing of ours left.
 A cluster on the docker runtime: deploy --cluster over SSH -> HAProxy in front of the Triton
-container -> bench --cluster's clients in a container of the API image on the host's network ->
+container -> inferences through it over HTTP and gRPC -> bench --cluster's clients in a container of the API image on the host's network ->
 the Triton container stopped: status says DOWN -> teardown: no balancer, nothing of ours left.
 """
 
@@ -20,6 +20,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,12 +30,14 @@ import docker_engine
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
-from helpers import classify, post_image
+from helpers import APIS, classify, post_image, status_once
 from test_pipeline import changed_tasks, http_status, only_model_touched, served_instance_counts
 
 from provision import sample_images
 from provision.host.background import port_is_free
+from provision.host.tritonserver import perf_analyzer_env
 from provision.model_repo import model_names
+from provision.perf import write_input_json
 
 # One worker runs them all (pytest-xdist's loadgroup): they share the engine and the Compose project name.
 pytestmark = [pytest.mark.docker, pytest.mark.deploy, pytest.mark.xdist_group("docker")]
@@ -165,7 +168,7 @@ def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab,
 
 
 def test_a_cluster_on_the_docker_runtime_balances_its_containers_and_benchmarks_through_the_balancer(
-    engine, lab, sshd
+    engine, lab, sshd, triton_runtime, tmp_path
 ):
     # One node, this machine over SSH: the docker-specific parts of a cluster (the Triton container
     # published where the balancer reaches it, the bench's clients on the host's network) on the
@@ -177,11 +180,25 @@ def test_a_cluster_on_the_docker_runtime_balances_its_containers_and_benchmarks_
     )  # fmt: skip
     node = lab.state()["hosts"][0]["name"]
     lab.fab("deploy", "--cluster", timeout=2400)
-    status = lab.fab("status").stdout
-    assert f"balancer: haproxy on {node}" in status and f"triton_http backends: {node} UP" in status, status
+    status = status_once(lab, [f"  {api} backends: {node} UP\n" for api in APIS])
+    assert f"balancer: haproxy on {node}" in status, status
 
     through = triton_http.InferenceServerClient(f"127.0.0.1:{lab.ports['balancer_http']}")
     assert classify(through, "food_classifier", [sample_images.jpeg()])[0][0] in FOOD11_LABELS
+    # gRPC through the balancer too (HTTP/2 to the container's gRPC port), with perf_analyzer's gRPC client.
+    served = triton_http.InferenceServerClient(f"127.0.0.1:{lab.ports['triton_http']}")  # the container itself
+    before = int(served.get_inference_statistics("food_classifier")["model_stats"][0]["inference_count"])
+    grpc = subprocess.run(
+        [str(Path(sys.executable).parent / "perf_analyzer"), "-m", "food_classifier", "-i", "grpc",
+         "-u", f"127.0.0.1:{lab.ports['balancer_grpc']}", "--input-data",
+         str(write_input_json(tmp_path / "input.json", [sample_images.jpeg()])), "--concurrency-range", "1:1",
+         "--measurement-mode", "count_windows", "--measurement-request-count", "5", "--max-trials", "3",
+         "--stability-percentage", "100"],
+        capture_output=True, text=True, timeout=300, env=perf_analyzer_env(triton_runtime.root),
+    )  # fmt: skip
+    assert grpc.returncode == 0 and "Throughput:" in grpc.stdout, grpc.stdout + grpc.stderr
+    after = int(served.get_inference_statistics("food_classifier")["model_stats"][0]["inference_count"])
+    assert after >= before + 5, (before, after)
 
     bench = lab.fab("bench", "--cluster", "--quick", "--model", "food_classifier", timeout=1800).stdout
     results = lab.results_dir / re.search(r"results: .*/([^/\s]+)\n", bench).group(1)
@@ -194,10 +211,7 @@ def test_a_cluster_on_the_docker_runtime_balances_its_containers_and_benchmarks_
 
     # The Triton container stops: the balancer's health check takes it out, and status says so.
     docker("stop", f"{PROJECT}-triton-1")
-    deadline = time.monotonic() + 30
-    while f"triton_http backends: {node} DOWN" not in (status := lab.fab("status").stdout):
-        assert time.monotonic() < deadline, status
-        time.sleep(1)
+    status_once(lab, [f"  triton_http backends: {node} DOWN\n"])
 
     lab.fab("teardown")
     assert ours() == {"containers": [], "networks": [], "images": []}
