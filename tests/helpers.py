@@ -165,3 +165,9 @@ def status_once(lab, lines: list[str], timeout_s: float = 30) -> str:
         assert time.monotonic() < deadline, f"not all of {lines} in:\n{status}"
         time.sleep(1)
     return status
+
+
+def inference_count(address: str, model: str) -> int:
+    """How many inferences of `model` the Triton at host:port has served (its statistics API)."""
+    (stats,) = triton_http.InferenceServerClient(address).get_inference_statistics(model)["model_stats"]
+    return int(stats["inference_count"])

@@ -25,7 +25,7 @@ import cluster_nodes
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
-from helpers import APIS, classify, status_once
+from helpers import APIS, classify, inference_count, status_once
 
 from provision import sample_images
 
@@ -88,20 +88,15 @@ def test_hosts_are_deployed_side_by_side_and_a_failure_names_its_host_then_balan
     assert cluster["nodes"] == [first.address] and cluster["clients"] == 1
     levels = cluster["models"]["food_classifier"]["levels"]
     assert all(row["throughput"] > 0 and list(row["nodes_alone"]) == [first.address] for row in levels), levels
-    assert inference_counts(second, lab.ports["triton_http"], "food_classifier") == 0, "no request reached it"
+    assert inference_count(f"{second.address}:{lab.ports['triton_http']}", "food_classifier") == 0, (
+        "no request reached it"
+    )
 
     lab.fab("teardown")
     for node in (first, second):
         left = cluster_nodes.in_node(node, f"ls {lab.root / 'deploy-remote'} 2>&1; pgrep -a 'haproxy|tritonserver'")
         assert "No such file" in left.stdout and "tritonserver" not in left.stdout, left.stdout
         assert "haproxy" not in left.stdout, left.stdout
-
-
-def inference_counts(node, port: int, model: str) -> int:
-    """How many inferences of `model` the node's Triton has served (its statistics API, from here)."""
-    client = triton_http.InferenceServerClient(f"{node.address}:{port}")
-    (stats,) = client.get_inference_statistics(model)["model_stats"]
-    return int(stats["inference_count"])
 
 
 def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_out(lab, nodes):
@@ -128,7 +123,7 @@ def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_o
 
     # Each node's Triton listens on its cluster address (here: where the test reaches it too).
     http = lab.ports["triton_http"]
-    before = {node.name: inference_counts(node, http, "food_classifier") for node in (first, second)}
+    before = {node.name: inference_count(f"{node.address}:{http}", "food_classifier") for node in (first, second)}
     tunnel = lab.popen_fab("tunnel")
     try:
         output = ""
@@ -142,7 +137,7 @@ def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_o
         image = sample_images.jpeg()
         for _ in range(12):  # HTTP, through the balancer
             assert classify(through, "food_classifier", [image])[0][0] in FOOD11_LABELS
-        after = {node.name: inference_counts(node, http, "food_classifier") for node in (first, second)}
+        after = {node.name: inference_count(f"{node.address}:{http}", "food_classifier") for node in (first, second)}
         assert all(after[name] > before[name] for name in after), (before, after)  # both nodes served some
 
         # One node's Triton stops: the balancer's health check takes it out, requests still succeed.

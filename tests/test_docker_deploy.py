@@ -10,8 +10,9 @@ provision --runtime docker -> deploy (all four roles, both images built) -> ever
 -> bench --quick from inside the API container -> deploy again (no change, no restart)
 -> a changed model config restarts the Triton container only -> teardown: nothing of ours left.
 A cluster on the docker runtime: deploy --cluster over SSH -> HAProxy in front of the Triton
-container -> inferences through it over HTTP and gRPC -> bench --cluster's clients in a container of the API image on the host's network ->
-the Triton container stopped: status says DOWN -> teardown: no balancer, nothing of ours left.
+container -> inferences through it over HTTP and gRPC -> bench --cluster's clients in a
+container of the API image on the host's network -> the Triton container stopped: status
+says DOWN -> teardown: no balancer, nothing of ours left.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import docker_engine
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
-from helpers import APIS, classify, post_image, status_once
+from helpers import APIS, classify, inference_count, post_image, status_once
 from test_pipeline import changed_tasks, http_status, only_model_touched, served_instance_counts
 
 from provision import sample_images
@@ -186,8 +187,8 @@ def test_a_cluster_on_the_docker_runtime_balances_its_containers_and_benchmarks_
     through = triton_http.InferenceServerClient(f"127.0.0.1:{lab.ports['balancer_http']}")
     assert classify(through, "food_classifier", [sample_images.jpeg()])[0][0] in FOOD11_LABELS
     # gRPC through the balancer too (HTTP/2 to the container's gRPC port), with perf_analyzer's gRPC client.
-    served = triton_http.InferenceServerClient(f"127.0.0.1:{lab.ports['triton_http']}")  # the container itself
-    before = int(served.get_inference_statistics("food_classifier")["model_stats"][0]["inference_count"])
+    served = f"127.0.0.1:{lab.ports['triton_http']}"  # the Triton container itself
+    before = inference_count(served, "food_classifier")
     grpc = subprocess.run(
         [str(Path(sys.executable).parent / "perf_analyzer"), "-m", "food_classifier", "-i", "grpc",
          "-u", f"127.0.0.1:{lab.ports['balancer_grpc']}", "--input-data",
@@ -197,7 +198,7 @@ def test_a_cluster_on_the_docker_runtime_balances_its_containers_and_benchmarks_
         capture_output=True, text=True, timeout=300, env=perf_analyzer_env(triton_runtime.root),
     )  # fmt: skip
     assert grpc.returncode == 0 and "Throughput:" in grpc.stdout, grpc.stdout + grpc.stderr
-    after = int(served.get_inference_statistics("food_classifier")["model_stats"][0]["inference_count"])
+    after = inference_count(served, "food_classifier")
     assert after >= before + 5, (before, after)
 
     bench = lab.fab("bench", "--cluster", "--quick", "--model", "food_classifier", timeout=1800).stdout

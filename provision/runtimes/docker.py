@@ -36,28 +36,28 @@ def triton_endpoints(bind_address: str, ports: dict) -> tuple[str, str | None]:
 
 def bench_place(deployed: dict, run_id: str) -> dict:
     """In the API container, whose image has perf_analyzer and the client scripts; the bench folder is mounted there."""
-    return {
-        "exec": [*_compose(deployed), "exec", "--no-TTY", "--workdir", f"{BENCH_IN_CONTAINER}/{run_id}", "api"],
-        "tools": "",
-        "client_scripts": "/app/client_scripts",
-        "become": True,
-    }  # fmt: skip
+    return _in_the_api_image([*_compose(deployed), "exec", "--no-TTY", "--workdir", _bench_folder(run_id), "api"])
 
 
 def cluster_clients_place(deployed: dict, run_id: str) -> dict:
     """A container of the API image on the host's network (compose.yaml's `clients` service): the
     balancer listens on the host's loopback, which the API container's is not."""
-    return {
-        "exec": [*_compose(deployed), "run", "--rm", "--no-TTY", "--workdir", f"{BENCH_IN_CONTAINER}/{run_id}",
-                 CLIENTS_SERVICE],
-        "tools": "",
-        "client_scripts": "/app/client_scripts",
-        "become": True,
-    }  # fmt: skip
+    return _in_the_api_image(
+        [*_compose(deployed), "run", "--rm", "--no-TTY", "--workdir", _bench_folder(run_id), CLIENTS_SERVICE]
+    )
+
+
+def _in_the_api_image(exec_prefix: list[str]) -> dict:
+    """A place (provision.runtimes.bench_place) in a container of the API image: its tools on PATH, run as root."""
+    return {"exec": exec_prefix, "tools": "", "client_scripts": "/app/client_scripts", "become": True}
 
 
 def _compose(deployed: dict) -> list[str]:
     return ["docker", "compose", "--file", f"{deployed['home']}/compose.yaml"]
+
+
+def _bench_folder(run_id: str) -> str:
+    return f"{BENCH_IN_CONTAINER}/{run_id}"
 
 
 def service_unit() -> str:
