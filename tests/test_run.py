@@ -50,6 +50,16 @@ def test_a_failed_deploy_is_named_and_torn_down(lab, tmp_path):
     assert_nothing_left(lab, tmp_path)
 
 
+def test_a_run_takes_deploy_s_cluster_flags_and_deploy_judges_them(lab, tmp_path):
+    # --cluster and --lb-node reach `fab deploy`, which refuses a balancer node of its own on
+    # this one host before any host is touched (tests/test_cluster.py runs real clusters).
+    done = lab.fab("run", "--target", "local", "--quick", "--cluster", "--lb-node", "0", check=False, timeout=600)
+    assert done.returncode != 0 and "fab run: failed at deploy" in done.stdout
+    assert "--lb-node local: a node of its own for the balancer leaves no host to serve" in done.stderr
+    assert "fab run: the deployment was torn down" in done.stdout
+    assert_nothing_left(lab, tmp_path)
+
+
 def test_sigint_during_the_bench_tears_down_and_keeps_the_partial_results(lab, tmp_path):
     run = lab.popen_fab("run", "--target", "local", "--quick")
     try:
