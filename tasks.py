@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
+import traceback
 
 from invoke import Exit, task
 
-from provision import config, hosts, interrupts, inventory, targets
+from provision import config, hosts, interrupts, inventory, lock, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
 from provision.bench import BenchError, results_root
@@ -57,13 +59,29 @@ def _fails_cleanly(*known: type[Exception], again: str = "", interrupted: str = 
                 return body(*args, **kwargs)
             except PlaybookInterrupted as error:
                 raise Exit(f"{error}{interrupted}", code=INTERRUPTED) from None
-            except (state_module.StateError, *known) as error:
+            except (state_module.StateError, lock.LockBusy, *known) as error:
                 raise Exit(f"error: {error}{again}") from None
 
         return task_body
 
     return decorate
 
+
+def _one_at_a_time(body):
+    """The task holds the state's lock while it works (provision.lock): a second command waits, or with
+    --no-wait refuses at once. Within `fab run`, the stages it calls hold the run's lock."""
+
+    @functools.wraps(body)
+    def locked(c, *args, **kwargs):
+        say = functools.partial(print, file=sys.stderr, flush=True)
+        with lock.held(body.__name__, wait=not kwargs.get("no_wait", False), say=say):
+            return body(c, *args, **kwargs)
+
+    return locked
+
+
+# The flag of every task that takes the lock.
+NO_WAIT_HELP = {"no_wait": "refuse at once when another fab command works on this state (default: wait for it)"}
 
 # The exit code of a command that Ctrl-C or SIGTERM ended (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
@@ -97,9 +115,10 @@ PROVISION_HELP = {
 
 @task(
     iterable=["host"],
-    help=PROVISION_HELP,
+    help={**PROVISION_HELP, **NO_WAIT_HELP},
 )
 @_fails_cleanly(ValueError, RuntimeError)
+@_one_at_a_time
 def provision(
     c,
     target="",
@@ -117,6 +136,7 @@ def provision(
     count=0,
     key_name="",
     public_key="",
+    no_wait=False,
 ):
     """Reserve or record the hosts to serve on, and render inventory/hosts.yml.
 
@@ -171,6 +191,7 @@ def _forget_a_state_that_holds_nothing() -> None:
         "publish": "listen on every address of the hosts, not 127.0.0.1 (open to the internet on Chameleon)",
         "models_from": "a best.json of `fab tune` (results/<run-id>/tune/best.json): deploy its model settings",
         **CLUSTER_HELP,
+        **NO_WAIT_HELP,
     }
 )
 @_fails_cleanly(
@@ -181,7 +202,8 @@ def _forget_a_state_that_holds_nothing() -> None:
     again="\n\nfix it and run `fab deploy` again (it continues where it stopped)",
     interrupted="\n`fab deploy` continues where it stopped",
 )
-def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node=""):
+@_one_at_a_time
+def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node="", no_wait=False):
     """Set up the hosts and start Triton and the API (a second run changes nothing)."""
     from provision.deploy import deploy as run_deploy
 
@@ -214,10 +236,12 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
         "quick": "short measurements (a smoke run)",
         "model": "benchmark only this model (repeatable)",
         "cluster": "a deployed cluster: each node alone, then the cluster through its balancer; report's Cluster section",
+        **NO_WAIT_HELP,
     },
 )
 @_fails_cleanly(BenchError, PlaybookError, LeaseTooShort)
-def bench(c, quick=False, model=None, cluster=False):
+@_one_at_a_time
+def bench(c, quick=False, model=None, cluster=False, no_wait=False):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
     from provision.bench import bench as run_bench
 
@@ -237,10 +261,12 @@ def bench(c, quick=False, model=None, cluster=False):
         "batch_sizes": "max_batch_size values to try, comma-separated (default "
         + "; quick ".join(",".join(map(str, VALUES[p]["max_batch_size"])) for p in ("full", "quick"))
         + ")",
+        **NO_WAIT_HELP,
     }
 )
 @_fails_cleanly(TuneError, TuningError, PlaybookError, LeaseTooShort)
-def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=""):
+@_one_at_a_time
+def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes="", no_wait=False):
     """Find the model's serving settings with the most throughput under a p99 budget, on the deployed host.
 
     Candidates are rendered from the model's template and loaded into the
@@ -276,8 +302,11 @@ def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=
         "keep": "leave the deployment running afterwards (no teardown)",
         **CLUSTER_HELP,
         "cluster": "deploy the hosts behind one load balancer and bench them as one (fab deploy/bench --cluster)",
+        **NO_WAIT_HELP,
     },
 )
+@_fails_cleanly()
+@_one_at_a_time
 def run(
     c,
     target="",
@@ -300,6 +329,7 @@ def run(
     keep=False,
     cluster=False,
     lb_node="",
+    no_wait=False,
 ):
     """provision -> deploy -> bench -> teardown in one command; teardown runs after a failure or Ctrl-C too.
 
@@ -308,6 +338,7 @@ def run(
     finishes). The exit code is non-zero when a stage failed, and the last
     lines name it. A bench that did not finish leaves its folder marked partial.
     """
+    sys.stdout, sys.stderr = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
     if state_module.load() is not None:
         raise Exit(
             "error: something is already provisioned, and `fab run` tears down what it ran on: "
@@ -321,7 +352,7 @@ def run(
         "bench": lambda: bench(c, quick=quick, model=model, cluster=cluster),
     }
     results_before = set(_run_folders(results_root(_settings(c))))
-    failed, message, code, results = None, "", 0, None
+    failed, message, code, results, bug = None, "", 0, None, ""
     stage = "provision"
     with interrupts.handled(), contextlib.ExitStack() as finishing:
         # Once the stages have ended, however they ended, the run finishes: a signal
@@ -341,16 +372,47 @@ def run(
         except KeyboardInterrupt:
             finish()
             failed, message, code = stage, "interrupted (Ctrl-C or SIGTERM)", INTERRUPTED
+        except Exception as error:  # a bug: the teardown runs all the same, the traceback comes after it
+            finish()
+            failed, message, code = stage, f"{type(error).__name__}: {error}", 1
+            bug = traceback.format_exc()
         else:
             finish()
-        return _finish_run(c, keep, results, results_before, failed, message, code)
+        return _finish_run(c, keep, results, results_before, failed, message, code, bug)
 
 
 FINISHING = "fab run: teardown is finishing; it is not interrupted"
 
 
-def _finish_run(c, keep: bool, results, results_before: set, failed: str | None, message: str, code: int) -> None:
-    """fab run after its stages: mark a partial bench, tear down unless --keep, say how it ended."""
+class _PipeSafe:
+    """A text stream whose reader may go away (`fab run | head`, a closed terminal): its output then
+    goes nowhere, and the writer goes on. fab run's teardown must not die of a broken pipe."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:  # BrokenPipeError, EIO of a closed terminal
+            self._stream = open(os.devnull, "w")  # noqa: SIM115 (kept for the rest of the process)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._stream = open(os.devnull, "w")  # noqa: SIM115
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _finish_run(
+    c, keep: bool, results, results_before: set, failed: str | None, message: str, code: int, bug: str = ""
+) -> None:
+    """fab run after its stages: mark a partial bench, tear down unless --keep, say how it ended.
+    """
     # A bench that did not finish has no summary.json; one the lease stopped wrote its own PARTIAL.md.
     partial = [
         folder for folder in set(_run_folders(results_root(_settings(c)))) - results_before
@@ -377,6 +439,8 @@ def _finish_run(c, keep: bool, results, results_before: set, failed: str | None,
     if failed:
         print(f"fab run: failed at {failed}: {message.splitlines()[0] if message else ''}")
         print(f"fab run: the deployment was {torn_down}")
+        if bug:
+            print(f"fab run: this is a bug in the project; its traceback:\n{bug}", file=sys.stderr)
         raise Exit(f"fab run: stage {failed} failed (exit {code}); its message is above", code=code)
     print(f"fab run: done; the deployment was {torn_down}")
     if code:
@@ -385,14 +449,15 @@ def _finish_run(c, keep: bool, results, results_before: set, failed: str | None,
 
 def _run_folders(root) -> list:
     """The bench run folders under results/ (compare/ holds comparisons, not runs)."""
-    if not root.exists():
+    if not root.is_dir():
         return []
     return [folder for folder in root.iterdir() if folder.is_dir() and folder.name != "compare"]
 
 
-@task(help={"purge": "forget the local state even if cleaning the hosts or the cloud fails"})
+@task(help={"purge": "forget the local state even if cleaning the hosts or the cloud fails", **NO_WAIT_HELP})
 @_fails_cleanly(TeardownError)
-def teardown(c, purge=False):
+@_one_at_a_time
+def teardown(c, purge=False, no_wait=False):
     """Stop everything, remove what deploy installed, release cloud resources, verify, clear the state."""
     from provision.teardown import teardown as run_teardown
 
@@ -412,9 +477,10 @@ def status(c):
         print(line)
 
 
-@task(help={"hours": "hours to add to the lease"})
+@task(help={"hours": "hours to add to the lease", **NO_WAIT_HELP})
 @_fails_cleanly(ValueError, RuntimeError)
-def extend(c, hours=1):
+@_one_at_a_time
+def extend(c, hours=1, no_wait=False):
     """Chameleon: extend the lease by N hours (possible within 48 h of its end)."""
     state = _state()
     targets.extend(state.target, state, _settings(c), int(hours), state_module.save, print)
@@ -424,8 +490,6 @@ def extend(c, hours=1):
 @_fails_cleanly(ValueError)
 def ssh(c, node="0"):
     """Open a shell on a provisioned host."""
-    import os
-
     chosen = hosts.select(_state().hosts, node)
     if chosen.connection == "local":
         raise Exit("error: the local target is this machine: no SSH needed")

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import interrupts
+from provision import interrupts, lock
 from provision.config import PROJECT_ROOT
+from provision.host.background import PLAYBOOK_RUN_VARIABLE, end
 from provision.inventory import inventory_file
 from provision.state import state_file
 
@@ -26,10 +27,21 @@ PLAYBOOKS = PROJECT_ROOT / "playbooks"
 
 # Tasks whose `msg` the caller wants back (set by the playbooks with ansible.builtin.debug).
 REPORT_TASK_PREFIX = "Report "
+# A rescue's last task, which fails the host again after the failure it rescued (whose message is
+# already shown): it adds no message of its own (playbooks/tasks/explain_failure.yml).
+REFAIL_TASK = "Stop at the failure above"
 
 
 class PlaybookError(RuntimeError):
-    """A playbook failed; str() says where and why."""
+    """A playbook failed; str() says where and why, `failures` each failed task's (task, host, message)."""
+
+    def __init__(self, message: str, failures: list[tuple[str, str, str]] | None = None):
+        super().__init__(message)
+        self.failures = failures or []
+
+    def message_of(self, task: str) -> str | None:
+        """The message of the first failure of `task`, or None when that task did not fail."""
+        return next((text for name, _, text in self.failures if name == task), None)
 
 
 class PlaybookInterrupted(PlaybookError):
@@ -77,6 +89,7 @@ class _Progress:
     def __init__(self, say: Callable[[str], None]):
         self.say = say
         self.failures: list[str] = []
+        self.failed_tasks: list[tuple[str, str, str]] = []  # (task, host, message)
         self.reports: dict[str, dict] = {}
         self.started = time.monotonic()
         self.seconds: dict[str, float] = {}  # host -> when its last task ended, from the start
@@ -106,9 +119,12 @@ class _Progress:
         elif kind == "runner_on_failed" and data.get("ignore_errors"):
             # Roles ignore some errors on purpose (in check mode: packages of a repository not added yet).
             self.say(f"  {'ignored':<9}{host:<14}{task} ({result.get('msg', '')[:120]})")
+        elif kind == "runner_on_failed" and task == REFAIL_TASK:
+            pass
         elif kind == "runner_on_failed":
             self.say(f"  {'FAILED':<9}{host:<14}{task}")
             self.failures.append(f"task '{task}' failed on {host}:\n{_failure_text(result)}")
+            self.failed_tasks.append((task, host, _failure_text(result)))
         elif kind == "runner_on_unreachable":
             self.say(f"  {'UNREACHABLE':<9}{host:<14}{task}")
             self.failures.append(
@@ -140,6 +156,7 @@ def run_playbook(
     # ansible-runner installs SIGINT/SIGTERM handlers of its own and leaves them: put the caller's back.
     handlers = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
     mark = f"lab_playbook_run={uuid.uuid4().hex}"  # on the command line of this run's every Ansible process
+    lock.record_playbook(mark)  # the next command ends this run if fab is killed while it goes on
     try:
         runner = _run(ansible_runner, private, playbook, extravars, check, progress, mark, limit, forks)
     finally:
@@ -152,7 +169,10 @@ def run_playbook(
         raise PlaybookInterrupted(f"{playbook} interrupted (Ctrl-C or SIGTERM); log: {log}")
     if runner.status != "successful" or progress.failures:
         details = "\n\n".join(progress.failures) or f"ansible-runner status: {runner.status}"
-        raise PlaybookError(f"{playbook} failed.\n{details}{_finished_hosts(runner.stats or {})}\n\nfull log: {log}")
+        raise PlaybookError(
+            f"{playbook} failed.\n{details}{_finished_hosts(runner.stats or {})}\n\nfull log: {log}",
+            progress.failed_tasks,
+        )
     stats = runner.stats or {}
     return PlaybookResult(
         playbook=playbook,
@@ -193,6 +213,8 @@ def _run(ansible_runner, private: Path, playbook: str, extravars: dict, check: b
             "ANSIBLE_RETRY_FILES_ENABLED": "False",
             "ANSIBLE_NOCOLOR": "True",
             "ANSIBLE_DEPRECATION_WARNINGS": "False",
+            # Inherited by all that the run starts here: found again if fab is killed (provision.lock).
+            PLAYBOOK_RUN_VARIABLE: mark.partition("=")[2],
         },
         event_handler=progress,
         # ansible-runner cancels the playbook on SIGINT/SIGTERM with a handler of its own, except
@@ -211,40 +233,4 @@ def _end_leftovers(mark: str, grace: float = 5.0) -> None:
     task (a perf_analyzer, a server start), their command lines naming the
     deploy folder. They are found by the run's mark, their children with them.
     """
-    table = _process_table()
-    family = {pid for pid, (_, _, cmdline) in table.items() if mark in cmdline and pid != os.getpid()}
-    grown = True
-    while grown:  # the children, grandchildren... of the marked processes
-        children = {pid for pid, (parent, _, _) in table.items() if parent in family} - family
-        family |= children
-        grown = bool(children)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in family:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            # A zombie counts as gone: its parent (or, here, a PID 1 that does not reap) holds only its number.
-            table = _process_table()
-            family = {pid for pid in family if pid in table and table[pid][1] != "Z"}
-            if not family:
-                return
-            time.sleep(0.1)
-
-
-def _process_table() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, state letter, command line) of this machine's processes, from /proc."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # ended while we looked
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": the name may hold spaces
-        table[int(entry.name)] = (int(fields[1]), fields[0], cmdline)
-    return table
+    end(list(lock.playbook_processes(mark)), grace)

@@ -94,6 +94,7 @@ def test_a_port_in_use_is_named_and_teardown_cleans_up(lab, tmp_path):
         done = lab.fab("deploy", check=False)
         assert done.returncode != 0
         assert f"port(s) {lab.ports['triton_http']} (triton) already in use" in done.stderr
+        assert f"{lab.ports['triton_http']} is held by pid {os.getpid()} (" in done.stderr, "who holds it"
         assert "task 'Check that no other program holds our ports' failed" in done.stderr
         assert "full log:" in done.stderr
         assert lab.state()["deploy"]["status"] == "in-progress"

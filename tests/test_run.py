@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
-from fab_runner import our_processes
+from fab_runner import FAB, our_processes
 from test_pipeline import printed_lines
 
+from provision.config import PROJECT_ROOT
 from provision.host.background import port_is_free
 
 pytestmark = pytest.mark.deploy
@@ -95,3 +97,27 @@ def test_a_run_refuses_to_start_where_something_is_provisioned(lab, tmp_path):
     assert refused.returncode != 0 and "run `fab teardown` first" in refused.stderr
     assert lab.state() is not None, "what was there is left as it was"
     lab.fab("teardown")
+
+
+def test_a_bug_in_a_stage_and_a_closed_output_still_end_in_a_teardown(lab, tmp_path):
+    # results_dir names a file: the bench cannot make its folder (an error no stage expects, as a bug
+    # would raise), and the reader of the run's output goes away after its first line (`fab run | head -1`).
+    (tmp_path / "not-a-folder").write_text("")
+    lab.extra_env["FABRIC_LAB_RESULTS_DIR"] = str(tmp_path / "not-a-folder")
+    run = subprocess.Popen(
+        [FAB, "run", "--target", "local", "--quick", "--model", "food_classifier"], cwd=PROJECT_ROOT, env=lab.env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert run.stdout.readline().startswith("== fab run: provision")
+        run.stdout.close()  # every later line written to stdout meets a broken pipe
+        errors = run.stderr.read()
+        assert run.wait(timeout=1200) == 1, errors
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert "fab run: stage bench failed (exit 1)" in errors
+    assert "fab run: this is a bug in the project; its traceback:" in errors and "Traceback" in errors
+    assert "NotADirectoryError" in errors or "FileExistsError" in errors
+    assert_nothing_left(lab, tmp_path)

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOG_TAIL_LINES = 40
+# The controller marks every process of an Ansible run with this variable (provision.ansible), so
+# that what a killed `fab` left going can be found and ended. A service is not part of the run that
+# started it: it is launched without it.
+PLAYBOOK_RUN_VARIABLE = "LAB_PLAYBOOK_RUN"
 
 
 def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
@@ -30,6 +34,37 @@ def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
                 return False
             raise
     return True
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on TCP `port` here: "pid 1234 (its command line)", or None when no process
+    this user can see holds it (another user's: `sudo ss -ltnp` shows it)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local address "0100007F:1F40", state 0A = LISTEN, inode in column 10
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for pid in processes():
+        try:
+            descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for descriptor in descriptors:
+            try:
+                if os.readlink(descriptor) in inodes:
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    return f"pid {pid} ({' '.join(command.split())[:120]})"
+            except OSError:
+                continue
+    return None
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -100,15 +135,21 @@ class BackgroundProcess:
         return Path(self.state_dir) / f"{self.name}.log"
 
     def pid(self) -> int | None:
-        """The pid of the running program, or None (a stale pid file is removed)."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
+        """The pid of the running program, or None (a stale pid file is removed once its group is empty)."""
+        pid = self._recorded_pid()
+        if pid is None:
             return None
         if pid_alive(pid):
             return pid
-        self.pid_file.unlink(missing_ok=True)
+        if not group_members(pid):  # children that outlived it keep the file: stop() still reaches them
+            self.pid_file.unlink(missing_ok=True)
         return None
+
+    def _recorded_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
 
     def launch(self, command: list[str], env: dict, cwd: Path | None = None) -> int:
         """Start `command` in the background; its output is appended to the log file."""
@@ -121,7 +162,7 @@ class BackgroundProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=env,
+                env={name: value for name, value in env.items() if name != PLAYBOOK_RUN_VARIABLE},
                 cwd=cwd,
                 start_new_session=True,  # its own process group: stop() reaches its children too
             )
@@ -131,17 +172,22 @@ class BackgroundProcess:
         return process.pid
 
     def stop(self) -> bool:
-        """SIGTERM the process group, SIGKILL it after stop_timeout_s. True if it was running."""
-        pid = self.pid()
-        if pid is None:
+        """SIGTERM the process group, SIGKILL it after stop_timeout_s. True if any of it was running.
+
+        The group is signalled even when its leader is gone: a server killed
+        outright leaves its children (the python backend's stubs) in it.
+        """
+        pid = self._recorded_pid()
+        if pid is None or not (pid_alive(pid) or group_members(pid)):
+            self.pid_file.unlink(missing_ok=True)
             return False
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
-        while pid_alive(pid) and time.monotonic() < deadline:
+        while group_members(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         # Whatever is left of the group (the program, or children it left behind) goes now.
         _signal_group(pid, signal.SIGKILL)
-        while pid_alive(pid):
+        while group_members(pid):
             time.sleep(0.1)
         self.pid_file.unlink(missing_ok=True)
         return True
@@ -152,6 +198,46 @@ class BackgroundProcess:
         except FileNotFoundError:
             return f"(no log at {self.log_file})"
         return f"last {min(lines, len(text))} lines of {self.log_file}:\n" + "\n".join(text[-lines:])
+
+
+def processes() -> dict[int, dict]:
+    """This machine's processes from /proc: pid -> {"ppid", "pgid", "state", "command"} (zombies included)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # ended while we looked
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": the name may hold spaces
+        table[int(entry.name)] = {"state": fields[0], "ppid": int(fields[1]), "pgid": int(fields[2]), "command": command}
+    return table
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (a zombie is gone: only its parent's wait() is left)."""
+    return [pid for pid, process in processes().items() if process["pgid"] == pgid and process["state"] != "Z"]
+
+
+def end(pids: list[int], grace_s: float = 5.0) -> list[int]:
+    """SIGTERM these processes, SIGKILL those still there after grace_s; the ones that survive even that."""
+    for signal_number, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        for pid in pids:
+            try:
+                os.kill(pid, signal_number)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait_s
+        while True:
+            pids = [pid for pid in pids if pid_alive(pid)]
+            if not pids or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if not pids:
+            break
+    return pids
 
 
 def _signal_group(pid: int, signal_number: int) -> None:

@@ -9,6 +9,7 @@ Ansible reads, so a second deploy with nothing changed reports no change.
     python -m provision.host.process_runtime --config HOME/runtime.json start triton|api|jupyter
     python -m provision.host.process_runtime --config HOME/runtime.json restart triton|api|jupyter
     python -m provision.host.process_runtime --config HOME/runtime.json stop triton|api|jupyter|all
+        (all: also ends any process left that names HOME, and the servers' shared memory)
     python -m provision.host.process_runtime --config HOME/runtime.json status
 
 runtime.json (rendered by the role) names the paths and ports:
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.host.background import BackgroundProcess, port_is_free
+from provision.host.background import BackgroundProcess, end, port_holder, port_is_free, processes
 from provision.host.layout import TOKEN_FILE, http_json, run_dir
 from provision.host.tritonserver import TritonError, TritonProcess, TritonRuntime, install
 
@@ -241,6 +242,38 @@ def stop(service: str, config: RuntimeConfig) -> bool:
     return _process(service, config).stop()
 
 
+def leftovers(config: RuntimeConfig) -> dict[int, str]:
+    """Processes of this deployment that no service owns any more: pid -> command line.
+
+    Ours are those whose command line names the deploy folder (the servers, stubs, the API
+    and Jupyter all run from it); this command and the processes that run it are not leftovers.
+    """
+    table = processes()
+    callers, pid = set(), os.getpid()
+    while pid in table and pid not in callers:
+        callers.add(pid)
+        pid = table[pid]["ppid"]
+    marker = f"{config.home}/"
+    return {
+        pid: process["command"]
+        for pid, process in table.items()
+        if marker in process["command"] and pid not in callers and process["state"] != "Z"
+    }
+
+
+def stop_all(config: RuntimeConfig) -> dict:
+    """Stop every service, then end what they left (TERM, then KILL): what teardown verifies is gone."""
+    stopped = [service for service in SERVICES[::-1] if stop(service, config)]
+    left = leftovers(config)
+    survivors = end(list(left))
+    return {
+        "changed": bool(stopped or left),
+        "stopped": stopped,
+        "ended": [f"{pid} {command}" for pid, command in left.items() if pid not in survivors],
+        "survivors": [f"{pid} {left[pid]}" for pid in survivors],
+    }
+
+
 def status(config: RuntimeConfig) -> dict:
     server, api, jupyter = triton(config), ApiService(config), JupyterService(config)
     return {
@@ -285,9 +318,13 @@ def main(argv: list[str] | None = None) -> int:
             busy = check_ports(config)
             if busy:
                 ports = ", ".join(f"{port} ({service})" for port, service in busy.items())
+                holders = "; ".join(
+                    f"{port} is held by {port_holder(int(port)) or 'a process of another user (sudo ss -ltnp shows it)'}"
+                    for port in busy
+                )
                 raise TritonError(
-                    f"port(s) {ports} already in use on this host by another program: "
-                    "stop it, or choose other ports (lab.ports in fabric.yaml)"
+                    f"port(s) {ports} already in use on this host by another program: {holders}. "
+                    "Stop it, or choose other ports (lab.ports in fabric.yaml, or FABRIC_LAB_PORTS_<NAME>)"
                 )
             result = {"changed": False}
         elif args.command == "start":
@@ -296,10 +333,10 @@ def main(argv: list[str] | None = None) -> int:
             stop(args.service, config)
             start(args.service, config)
             result = {"changed": True}
+        elif args.command == "stop" and args.service == "all":
+            result = stop_all(config)
         elif args.command == "stop":
-            services = SERVICES[::-1] if args.service == "all" else (args.service,)
-            stopped = [service for service in services if stop(service, config)]
-            result = {"changed": bool(stopped), "stopped": stopped}
+            result = {"changed": stop(args.service, config), "stopped": [args.service]}
         else:
             result = {"changed": False, **status(config)}
     except TritonError as error:

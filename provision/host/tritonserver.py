@@ -15,6 +15,7 @@ is its command line for this machine.
 from __future__ import annotations
 
 import filecmp
+import hashlib
 import json
 import os
 import shutil
@@ -32,6 +33,9 @@ DEFAULT_WHEEL = "nvidia-pytriton==0.7.0"
 # model through the repository API while the others keep serving. Both runtimes
 # start tritonserver with these (the docker one through compose.yaml).
 EXPLICIT_MODEL_CONTROL = ("--model-control-mode=explicit", "--load-model=*")
+# The python backend's shared memory: /dev/shm/triton_python_backend_shm_region_<...>, one set per server.
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"
 
 
 class TritonError(RuntimeError):
@@ -229,8 +233,19 @@ class TritonProcess:
             f"--metrics-port={self.metrics_port}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             "--strict-readiness=true",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *EXPLICIT_MODEL_CONTROL,
         ]
+
+    @property
+    def shm_prefix(self) -> str:
+        """The python backend's shared-memory regions of this server (/dev/shm/<prefix>*): its own name,
+        from its state folder, so that a stop removes what a killed server left there and nothing else."""
+        digest = hashlib.sha256(str(Path(self.state_dir).resolve()).encode()).hexdigest()[:12]
+        return f"{SHM_PREFIX}{digest}_"
+
+    def shm_regions(self) -> list[Path]:
+        return sorted(SHM_DIR.glob(f"{self.shm_prefix}*"))
 
     def environment(self) -> dict:
         manifest = TritonRuntime(Path(self.runtime_root)).read_manifest()
@@ -300,8 +315,12 @@ class TritonProcess:
         return {entry["name"]: entry.get("state", "UNKNOWN") for entry in index or []}
 
     def stop(self) -> bool:
-        """Stop the server and its stubs. True if it was running."""
-        return self.process.stop()
+        """Stop the server and its stubs (also those a killed server left), remove their shared memory.
+        True if any of it was running."""
+        stopped = self.process.stop()
+        for region in self.shm_regions():  # a server or stub killed outright leaves its regions
+            region.unlink(missing_ok=True)
+        return stopped
 
     def log_tail(self, lines: int = 40) -> str:
         return self.process.log_tail(lines)
