@@ -100,9 +100,12 @@ def facts(run: dict) -> dict[str, str]:
         "profile": f"{profile.get('name')} (concurrency {profile.get('concurrency_range')}, {windows}, "
         f"stability {profile.get('stability_percentage', '?')} %)",
         "input": str(run.get("input_encoding", "base64")),
-        # A bench the lease's end stopped early: its missing models are not a regression.
+        # A bench that stopped early (the lease's end, a failure, Ctrl-C): its missing models are not a regression.
         "complete": (
-            f"partial (not measured: {', '.join(run['partial']['not_measured'])})" if run.get("partial") else "complete"
+            f"partial ({run['partial'].get('reason', 'stopped early')}; not measured: "
+            f"{', '.join(run['partial'].get('not_measured') or []) or 'none'})"
+            if run.get("partial")
+            else "complete"
         ),
     }
 

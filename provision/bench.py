@@ -20,11 +20,11 @@ from pathlib import Path
 from provision import cluster as clusters
 from provision import cluster_report, config, runtimes, sample_images, targets
 from provision import state as state_module
-from provision.ansible import run_playbook
+from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.deploy import docker_environment
 from provision.lease_guard import check_bench_fits, hours_to_extend, minutes, next_model_fits
 from provision.model_repo import model_names
-from provision.perf import PerfRun, input_encodings
+from provision.perf import PerfRun, fresh_csv, input_encodings, unstable_reason
 from provision.report import concurrency_levels, write_report
 from provision.state import Host
 
@@ -131,33 +131,48 @@ def bench(
         "lab_input_image": str(image),
         "lab_bench_input_encoding": encoding,
     }
-    if balancer is not None:
-        _bench_cluster(settings, state, balancer, models, profile, runs_of, playbook_vars, say)
-        measured = runs
-    elif lease is None:
-        run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(runs_of)}, say)
-        measured = runs
-    else:
-        measured = _bench_within_the_lease(lease, runs_of, playbook_vars, say)
+    measured, failure = runs, None
+    try:
+        if balancer is not None:
+            _bench_cluster(settings, state, balancer, models, profile, runs_of, playbook_vars, say)
+        elif lease is None:
+            run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(runs_of, run_id)}, say)
+        else:
+            measured = _bench_within_the_lease(lease, runs_of, playbook_vars, say)
+    except PlaybookError as error:  # a failed measurement, or Ctrl-C (PlaybookInterrupted): keep what was measured
+        failure = error
+    measured_models = _keep_fresh_measurements(results, run_id, models)
     partial = None
-    if len(measured) < len(runs):
+    if failure is not None:
+        reason = "interrupted (Ctrl-C or SIGTERM)" if isinstance(failure, PlaybookInterrupted) else failure_reason(failure)
+        partial = {"reason": reason, "not_measured": [model for model in models if model not in measured_models]}
+    elif len(measured) < len(runs):
         not_measured = [run.model for run in runs[len(measured) :]]
         partial = {"reason": "the lease ends soon", "not_measured": not_measured}
+        measured_models = [run.model for run in measured]
     write_report(
         results,
         run_id=run_id,
         target=state.target,
         profile={"name": profile_name, **profile},
         input_encoding=encoding,
-        commands={run.model: shlex.join(run.command()) for run in measured},
+        commands={run.model: shlex.join(run.command()) for run in runs if run.model in measured_models},
         smoke_weights=bool(state.deploy.get("smoke_weights")),
         git=git_commit(),
         partial=partial,
     )
-    if balancer is not None:
+    if balancer is not None and failure is None:
         nodes, levels = _cluster_nodes(state), concurrency_levels(profile["concurrency_range"])
         summary = cluster_report.summarize(results, balancer.name, nodes, _cluster_clients(settings, state), levels, models)
         cluster_report.write(results, summary)
+    if isinstance(failure, PlaybookInterrupted):
+        raise PlaybookInterrupted(f"{failure}\nthe partial results are in {results} (PARTIAL.md)")
+    if failure is not None:
+        raise BenchError(
+            f"the bench stopped: {partial['reason']}\n"
+            f"measured: {', '.join(measured_models) or 'nothing'}; not measured: {', '.join(partial['not_measured'])}\n"
+            f"the partial results are in {results} (PARTIAL.md)\n\n{failure}"
+        )
     if partial:
         left = lease.time_left_s()
         raise BenchError(
@@ -172,9 +187,50 @@ def bench(
     return results
 
 
-def _playbook_runs(runs_of: dict[str, list[PerfRun]], index: slice = slice(None)) -> dict[str, list[dict]]:
-    """bench.yml's lab_bench_runs: {host: [{model, perf_analyzer's arguments}]}, the runs `index` selects."""
-    return {host: [{"model": run.model, "args": run.command()[1:]} for run in runs[index]] for host, runs in runs_of.items()}
+# The task of bench.yml that fails with the reason a measurement failed.
+MEASUREMENT_FAILED = "Stop where a measurement failed"
+
+
+def measurement_id(run_id: str, model: str) -> str:
+    """What names one model's measurement in a run (bench.yml's log line says it wrote the CSV)."""
+    return f"{run_id}/{model}"
+
+
+def playbook_run(run: PerfRun, measurement: str) -> dict:
+    """One entry of bench.yml's lab_bench_runs: the model, its CSV, the measurement's id, perf_analyzer's arguments."""
+    return {"model": run.model, "csv": str(run.csv_path), "measurement": measurement, "args": run.command()[1:]}
+
+
+def _playbook_runs(runs_of: dict[str, list[PerfRun]], run_id: str, index: slice = slice(None)) -> dict[str, list[dict]]:
+    """bench.yml's lab_bench_runs: {host: [playbook_run]}, the runs `index` selects."""
+    return {
+        host: [playbook_run(run, measurement_id(run_id, run.model)) for run in runs[index]]
+        for host, runs in runs_of.items()
+    }
+
+
+def failure_reason(failure: PlaybookError) -> str:
+    """A failed bench's reason in one line: the failed measurement's, else the first failed task's."""
+    message = failure.message_of(MEASUREMENT_FAILED) or next((text for _, _, text in failure.failures), str(failure))
+    return " ".join(message.split())  # one line: the partial report's reason
+
+
+def _keep_fresh_measurements(results: Path, run_id: str, models: list[str]) -> list[str]:
+    """The models measured on every host (each host's CSVs checked to come from this run); stale ones removed."""
+    measured = set(models)
+    for folder in [path for path in (results / "hosts").iterdir() if path.is_dir()]:
+        fresh = {
+            model
+            for model in models
+            if fresh_csv(folder / f"{model}.csv", folder / f"{model}.log", measurement_id(run_id, model))
+        }
+        unstable = {
+            model
+            for model in models
+            if (folder / f"{model}.log").exists() and unstable_reason((folder / f"{model}.log").read_text(errors="replace"))
+        }
+        measured &= fresh | unstable  # a model with no stable level was measured: the report says so
+    return [model for model in models if model in measured]
 
 
 def _cluster_balancer(state: state_module.State) -> Host:
@@ -203,7 +259,7 @@ def _bench_cluster(
     nodes = _cluster_nodes(state)
     say(f"each of the {len(nodes)} nodes alone, one after the other")
     alone = {host: runs for host, runs in runs_of.items() if host in nodes}
-    run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(alone)}, say, forks=1)
+    run_playbook("bench.yml", {**playbook_vars, "lab_bench_runs": _playbook_runs(alone, playbook_vars["lab_run_id"])}, say, forks=1)
 
     clients = _cluster_clients(settings, state)
     levels = concurrency_levels(profile["concurrency_range"])
@@ -295,7 +351,7 @@ def _bench_within_the_lease(lease: _Lease, runs_of: dict[str, list[PerfRun]], pl
             "bench.yml",
             {
                 **playbook_vars,
-                "lab_bench_runs": _playbook_runs(runs_of, slice(index, index + 1)),
+                "lab_bench_runs": _playbook_runs(runs_of, playbook_vars["lab_run_id"], slice(index, index + 1)),
                 "lab_bench_prepare": index == 0,
                 "lab_bench_finish": last,
             },

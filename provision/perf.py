@@ -86,7 +86,7 @@ class PerfRun:
     csv_path: Path
     concurrency_range: str = "2:12:2"  # start:end:step, as in the seed
     measurement_interval_ms: int = 5000
-    stability_percentage: int = 10
+    stability_percentage: float = 10  # perf_analyzer takes a fraction too (0.1: windows within 0.1 %)
     max_trials: int = 10
     # "time_windows" (windows of measurement_interval_ms) or "count_windows"
     # (windows of measurement_request_count requests: robust on slow, busy machines).
@@ -122,7 +122,7 @@ class PerfRun:
                 else ["--measurement-interval", str(self.measurement_interval_ms)]
             ),
             "--stability-percentage",
-            str(self.stability_percentage),
+            f"{self.stability_percentage:g}",
             "--max-trials",
             str(self.max_trials),
             "--percentile=95",
@@ -166,6 +166,40 @@ _LATENCY_PARTS = (
     "Server Compute Output",
     "Client Recv",
 )
+
+
+# What perf_analyzer says when it gives up on a level (it then measures no higher one).
+UNSTABLE = "Failed to obtain stable measurement"
+
+
+def measurement_stamp(measurement: str, csv_name: str) -> str:
+    """The line bench.yml's measurement prints when perf_analyzer wrote `csv_name` in that measurement."""
+    return f"measurement {measurement} wrote {csv_name}"
+
+
+def fresh_csv(csv_path: Path, log_path: Path, measurement: str) -> Path | None:
+    """The CSV fetched for one measurement, if that measurement wrote it; None otherwise.
+
+    The host removes the CSV before perf_analyzer runs and its log's last line
+    says when perf_analyzer wrote one, so a CSV without that line in the log
+    comes from somewhere else (an earlier measurement): it is removed, never reported.
+    """
+    if not csv_path.exists():
+        return None
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    if measurement_stamp(measurement, csv_path.name) not in log:
+        csv_path.unlink()
+        return None
+    return csv_path
+
+
+def unstable_reason(log_text: str) -> str | None:
+    """perf_analyzer's own words where it found no stable measurement (the last time it said so), or None."""
+    lines = [line.strip() for line in log_text.splitlines() if UNSTABLE in line]
+    # "... within 3 measurement windows for concurrency 2. Please try to increase ..." says more
+    # than the "Failed to obtain stable measurement." that ends the run.
+    detailed = [line for line in lines if "within" in line]
+    return (detailed or lines or [None])[-1]
 
 
 def metrics_url(host: str, port: int = 8002) -> str:

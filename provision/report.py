@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from provision.perf import parse_csv
+from provision.perf import parse_csv, unstable_reason
 
 # The units of a row's "gpus" entries (provision.perf.GPU_COLUMNS: as perf_analyzer writes them).
 GPU_UNITS = {
@@ -79,6 +79,17 @@ def _missing_levels(models: dict[str, list[dict]], profile: dict, benchmarked: l
     return missing
 
 
+def _unstable_reasons(folder: Path, benchmarked: list[str]) -> dict[str, str]:
+    """perf_analyzer's words for each benchmarked model it gave up on at some level (its log on the host)."""
+    reasons = {}
+    for model in benchmarked:
+        log = folder / f"{model}.log"
+        reason = unstable_reason(log.read_text(errors="replace")) if log.exists() else None
+        if reason:
+            reasons[model] = reason
+    return reasons
+
+
 def _best(models: dict[str, list[dict]]) -> dict | None:
     candidates = [(row["throughput"], model, row) for model, rows in models.items() for row in rows]
     if not candidates:
@@ -108,19 +119,25 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    models = {model: rows for model, rows in models.items() if rows}
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for model, rows in models.items():
         axes.plot([r["concurrency"] for r in rows], [r["throughput"] for r in rows], marker="o", label=model)
     axes.set(xlabel="concurrency", ylabel="throughput (infer/s)", title=f"Throughput vs concurrency{title}")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+    if models:
+        axes.legend(fontsize="small")
+    else:
+        _nothing_measured(axes)
     figure.tight_layout()
     figure.savefig(results / "throughput.png", dpi=110)
     plt.close(figure)
 
     figure, panels = plt.subplots(
-        1, len(models), figsize=(4 * len(models), 4), squeeze=False
+        1, max(len(models), 1), figsize=(4 * max(len(models), 1), 4), squeeze=False
     )  # own y scales: the ensemble is far slower
+    if not models:
+        _nothing_measured(panels[0][0])
     for panel, (model, rows) in zip(panels[0], models.items()):
         concurrency = [r["concurrency"] for r in rows]
         for percentile in ("p50", "p90", "p95", "p99"):
@@ -128,7 +145,8 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
         panel.set(title=model, xlabel="concurrency", xticks=concurrency)
         panel.grid(alpha=0.3)
     panels[0][0].set_ylabel("latency (ms)")
-    panels[0][0].legend(fontsize="small")
+    if models:
+        panels[0][0].legend(fontsize="small")
     figure.suptitle(f"Latency percentiles vs concurrency{title}")
     figure.tight_layout()
     figure.savefig(results / "latency.png", dpi=110)
@@ -158,6 +176,11 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
         plt.close(figure)
         plots.append("gpu_utilization.png")
     return plots
+
+
+def _nothing_measured(axes) -> None:
+    """An empty plot says why it is empty."""
+    axes.text(0.5, 0.5, "no stable measurement", ha="center", va="center", transform=axes.transAxes, color="gray")
 
 
 def _gpu_table(rows: list[dict], labels: dict[str, str]) -> list[str]:
@@ -233,37 +256,31 @@ def _markdown(summary: dict, host_name: str) -> str:
     labels = _gpu_labels(summary["gpu_metrics"]["gpus"])
     for model in summary["missing_levels"]:
         if model not in summary["models"]:
-            lines += [
-                f"## {model}",
-                "",
-                f"Not measured: perf_analyzer found no stable measurement at any concurrency "
-                f"(see hosts/{host_name}/{model}.log); a longer profile or a quieter host helps.",
-                "",
-            ]
+            lines += [f"## {model}", "", f"Not measured: {_unstable_line(summary, model, host_name)}", ""]
     for model, rows in summary["models"].items():
+        missing = summary["missing_levels"].get(model, [])
         lines += [
             f"## {model}",
             "",
             "| concurrency | infer/s | p50 ms | p90 ms | p95 ms | p99 ms |",
             "|---:|---:|---:|---:|---:|---:|",
         ]
-        lines += [
-            f"| {r['concurrency']} | {r['throughput']:.1f} | {r['p50_us'] / 1000:.1f} | {r['p90_us'] / 1000:.1f} "
-            f"| {r['p95_us'] / 1000:.1f} | {r['p99_us'] / 1000:.1f} |"
-            for r in rows
-        ]
+        table = {r["concurrency"]: r for r in rows}
+        for level in sorted({*table, *missing}):
+            r = table.get(level)
+            lines.append(
+                f"| {level} | {r['throughput']:.1f} | {r['p50_us'] / 1000:.1f} | {r['p90_us'] / 1000:.1f} "
+                f"| {r['p95_us'] / 1000:.1f} | {r['p99_us'] / 1000:.1f} |"
+                if r
+                else f"| {level} | no stable measurement | - | - | - | - |"
+            )
         gpu_table = _gpu_table(rows, labels)
         if gpu_table:
             lines += ["", *gpu_table]
         elif labels:  # other models of the run have them
             lines += ["", "GPU metrics: none for this model."]
-        if model in summary["missing_levels"]:
-            levels = ", ".join(str(level) for level in summary["missing_levels"][model])
-            lines += [
-                "",
-                f"perf_analyzer found no stable measurement at concurrency {levels} "
-                f"(see hosts/{host_name}/{model}.log); a longer profile or a quieter host helps.",
-            ]
+        if missing:
+            lines += ["", _unstable_line(summary, model, host_name)]
         lines += ["", f"perf_analyzer: `{summary['commands'].get(model, '')}`", ""]
     if summary["p100_comparison"]:
         lines += [
@@ -316,6 +333,7 @@ def write_report(
         "models": models,  # of the first host; every host's are under "hosts"
         "best": _best(models),
         "missing_levels": _missing_levels(models, profile, list(commands)),
+        "unstable": _unstable_reasons(results / "hosts" / first, list(commands)),
         "hosts": hosts,
         "commands": commands,
         "git": git,
@@ -333,5 +351,18 @@ def write_report(
     return summary
 
 
+def _unstable_line(summary: dict, model: str, host_name: str) -> str:
+    """Which levels of a model have no stable measurement, and perf_analyzer's own reason."""
+    levels = ", ".join(str(level) for level in summary["missing_levels"][model])
+    reason = summary.get("unstable", {}).get(model)
+    return (
+        f"no stable measurement at concurrency {levels}"
+        + (f" (perf_analyzer: \"{reason}\")" if reason else "")
+        + f"; see hosts/{host_name}/{model}.log. Longer windows or more trials (lab.bench.<profile> in "
+        "fabric.yaml) or a quieter host help."
+    )
+
+
 def _partial_line(partial: dict) -> str:
-    return f"The bench stopped early ({partial['reason']}); not measured: {', '.join(partial['not_measured'])}."
+    not_measured = ", ".join(partial.get("not_measured") or []) or "none"
+    return f"The bench stopped early ({partial['reason']}); not measured: {not_measured}."

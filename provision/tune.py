@@ -43,12 +43,13 @@ from provision import cluster as clusters
 from provision import interrupts, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
-from provision.bench import git_commit, perf_runs, results_root
+from provision.bench import failure_reason, git_commit, perf_runs, playbook_run, results_root
 from provision.deploy import docker_environment
 from provision.host.layout import reachable_address
 from provision.lease_guard import check_bench_fits
 from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
-from provision.perf import parse_csv
+from provision.perf import fresh_csv, parse_csv, unstable_reason
+from provision.report import concurrency_levels
 from provision.sample_images import jpeg
 
 # The order in which the settings are searched: the ones that decide the most first.
@@ -240,15 +241,26 @@ class Tune:
         return (self.folder / "deployed.pbtxt").read_text()
 
     def measure(self, number: int, config_text: str) -> list[dict]:
-        """Load one candidate and measure it; its perf_analyzer rows."""
+        """Load one candidate and measure it; its perf_analyzer rows (TuneError: no stable measurement)."""
         results = self.folder / "measurements" / f"{number:02d}"
-        run = {"model": self.model, "args": self.perf_run.command()[1:]}
+        measurement = f"{self.run_id}/{self.model}/{number:02d}"
         self.playbook(
-            results, lab_tune_config=config_text, lab_bench_runs={self.host: [run]}, lab_bench_prepare=False, lab_bench_finish=False
+            results,
+            lab_tune_config=config_text,
+            lab_bench_runs={self.host: [playbook_run(self.perf_run, measurement)]},
+            lab_bench_prepare=False,
+            lab_bench_finish=False,
         )
-        csv_file = results / "hosts" / self.host / f"{self.model}.csv"
-        if not csv_file.exists():
-            raise TuneError(f"no stable measurement (perf_analyzer's log: {csv_file.with_suffix('.log')})")
+        host = results / "hosts" / self.host
+        csv_file = fresh_csv(host / f"{self.model}.csv", host / f"{self.model}.log", measurement)
+        if csv_file is None:
+            log = host / f"{self.model}.log"
+            reason = unstable_reason(log.read_text(errors="replace")) if log.exists() else None
+            first = concurrency_levels(self.perf_profile["concurrency_range"])[0]
+            raise TuneError(
+                f"no stable measurement at concurrency {first}"
+                + (f' (perf_analyzer: "{reason}")' if reason else f" (perf_analyzer's log: {log})")
+            )
         return parse_csv(csv_file)
 
     def restore(self, deployed_text: str) -> None:
@@ -341,7 +353,9 @@ def tune(
             candidate.rows = job.measure(candidate.number, config_text)
         except PlaybookInterrupted:
             raise
-        except (PlaybookError, TuneError, ValueError) as error:  # a config Triton refuses; no stable measurement
+        except PlaybookError as error:  # a config Triton refuses, a measurement that failed
+            candidate.error = failure_reason(error)
+        except (TuneError, ValueError) as error:  # no stable measurement
             candidate.error = str(error).splitlines()[0]
         say(f"  candidate {candidate.number}: {candidate.describe(p99_ms)}")
         return candidate

@@ -147,13 +147,18 @@ def test_more_runs_are_compared_to_the_first(results, tmp_path):
     assert f"| {third.name} | {MODEL} | 1 | throughput |" in report, "C is B's figures: the same regression against A"
 
 
-def test_a_run_the_lease_stopped_early_is_named_partial_among_what_differs(results, tmp_path):
+@pytest.mark.parametrize(
+    "reason",
+    ["the lease ends soon", "perf_analyzer failed on ensemble (exit 99: Couldn't connect to server)"],
+    ids=["stopped by the lease", "a failed measurement"],
+)
+def test_a_run_that_stopped_early_is_named_partial_among_what_differs(results, tmp_path, reason):
     lab = new_lab(tmp_path)
     stopped = tmp_path / "20260206-120000-chameleon"
     shutil.copytree(results / RUN_A, stopped)
     summary = json.loads((stopped / "summary.json").read_text())
-    partial = {"reason": "the lease ends soon", "not_measured": ["ensemble"]}
+    partial = {"reason": reason, "not_measured": ["ensemble"]}
     (stopped / "summary.json").write_text(json.dumps({**summary, "run_id": stopped.name, "partial": partial}))
     lab.fab("compare", str(results / RUN_A), str(stopped), "--out", str(tmp_path / "out"))
     report = (tmp_path / "out" / "compare.md").read_text()
-    assert "| complete | complete | partial (not measured: ensemble) |" in report, report
+    assert f"| complete | complete | partial ({reason}; not measured: ensemble) |" in report, report
