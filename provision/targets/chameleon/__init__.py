@@ -577,3 +577,32 @@ def extend(state: State, settings: dict, hours: int, save: Save, say: Say) -> No
     save(state)
     _, left = _time_left(lease["end"])
     say(f"chameleon: lease {lease['name']} now ends {lease['end']} ({left} left)")
+
+
+def record_problems(record: dict) -> list[str]:
+    """What makes a state's chameleon record unusable (a hand-edited file): [] when it is fine."""
+    kinds = {"lease": (dict, "an object"), "servers": (list, "a list"), "floating_ips": (list, "a list")}
+    problems = [
+        f'"chameleon.{name}" is not {words}'
+        for name, (kind, words) in kinds.items()
+        if name in record and not isinstance(record[name], kind)
+    ]
+    for name in ("servers", "floating_ips"):
+        entries = record.get(name) if isinstance(record.get(name), list) else []
+        problems += [f'"chameleon.{name}" holds {entry!r}, not an object' for entry in entries if not isinstance(entry, dict)]
+    return problems
+
+
+def recorded_resources(record: dict) -> list[str]:
+    """The lease, servers and floating IPs a state's record names (as far as it can be read), a line each."""
+    lines = []
+    site, lease = record.get("site"), record.get("lease")
+    if isinstance(lease, dict) and (lease.get("id") or lease.get("name")):
+        where = f" at {site}" if site else ""
+        lines.append(f"lease {lease.get('name', '?')} (id {lease.get('id', 'not recorded')}){where}")
+    for kind, label in (("servers", "server"), ("floating_ips", "floating IP")):
+        for entry in record.get(kind) if isinstance(record.get(kind), list) else []:
+            if isinstance(entry, dict):
+                name = entry.get("name") or entry.get("address") or "?"
+                lines.append(f"{label} {name} (id {entry.get('id', 'not recorded')})")
+    return lines
