@@ -83,6 +83,24 @@ def ssh_client_command(host: Host, *options: str) -> list[str]:
     return [*command, *options, f"{host.user}@{host.address}" if host.user else host.address]
 
 
+def forget_host_key(address: str, port: int = 22) -> bool:
+    """Remove `address`'s key from the project's known_hosts; True if it had one.
+
+    For an address that goes back to the cloud's pool (teardown) or that the cloud has
+    just given us (provision): cloud addresses come back from a small pool, and the next
+    node behind one has a key of its own, which SSH would refuse as "host key changed".
+    """
+    from provision.inventory import known_hosts_file
+
+    known = known_hosts_file()
+    if not known.exists():
+        return False
+    name = address if int(port) == 22 else f"[{address}]:{port}"
+    done = subprocess.run(["ssh-keygen", "-R", name, "-f", str(known)], capture_output=True, text=True)
+    known.with_name(known.name + ".old").unlink(missing_ok=True)  # ssh-keygen's backup
+    return done.returncode == 0 and "found" in done.stdout + done.stderr
+
+
 def check_reachable(host: Host, timeout_s: float = 15) -> str:
     """Log in and find python3; return its version. Raise HostError saying what to fix."""
     result = run(host, "python3 --version", timeout_s=timeout_s)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 
-from provision import inventory, targets
+from provision import hosts, inventory, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, run_playbook
 from provision.deploy import bundle_dir, extravars
@@ -42,6 +42,8 @@ def teardown(settings: dict, state: state_module.State | None, say: Callable[[st
     def save(updated: state_module.State) -> None:
         state_module.save(updated)
 
+    # Addresses that go back to the cloud's pool: the next node behind one has another key.
+    released = [(host.address, host.port) for host in state.hosts] if targets.release_deletes_hosts(state.target) else []
     try:
         targets.release(state.target, state, settings, save, say)
     except Exception as error:
@@ -52,6 +54,9 @@ def teardown(settings: dict, state: state_module.State | None, say: Callable[[st
                 "(they may still exist in the cloud)"
             ) from error
         say(f"warning: {error}; forgetting the local state as --purge asks")
+    for address, port in released:
+        if hosts.forget_host_key(address, port):
+            say(f"forgot the host key of {address} (the address went back to the cloud)")
     state_module.clear()
     inventory.remove()
     shutil.rmtree(bundle_dir(), ignore_errors=True)

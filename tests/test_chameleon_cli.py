@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -12,8 +13,11 @@ from datetime import timedelta
 import fake_openstack
 import pytest
 from fake_openstack import FakeOpenStack
+from sshd import start_sshd
 from test_chameleon import NODE_ADDRESSES, PUBLIC_KEY, SSHBanner
 from test_pipeline import printed_lines
+
+from provision.host.background import free_ports
 
 
 @pytest.fixture
@@ -171,4 +175,62 @@ def test_bench_keeps_clear_of_the_lease_end(lab, sshd):
     finally:
         if lab.state() is not None:
             lab.fab("teardown", "--purge", check=False)
+        fake.stop()
+
+
+def knows(known_hosts, entry: str) -> bool:
+    """Whether known_hosts has a key for `entry` ("[address]:port"; its lines may be hashed)."""
+    return subprocess.run(["ssh-keygen", "-F", entry, "-f", str(known_hosts)], capture_output=True).returncode == 0
+
+
+@pytest.mark.deploy
+def test_an_address_that_comes_back_with_another_host_key_is_deployed_to(lab, tmp_path):
+    # Floating IPs come back from a small pool: the next node behind one has a host key of its own.
+    port = free_ports(1)[0]
+    node = start_sshd(tmp_path / "node-a", port)
+    fake = FakeOpenStack(floating_ips=["127.0.0.1"]).start()
+    lab.extra_env.update(fake.env())
+    lab.extra_env.update(
+        {
+            "FABRIC_LAB_CHAMELEON_PUBLIC_KEY": f"{node.key}.pub",
+            "FABRIC_LAB_CHAMELEON_SSH_PORT": str(port),
+            "FABRIC_LAB_CHAMELEON_POLL_INTERVAL_S": "0.05",
+            "FABRIC_LAB_CHAMELEON_CONSTRAINTS": "constraints/local.txt",  # this machine's torch
+            "FABRIC_LAB_CHAMELEON_PIP_EXTRA_ARGS": "",
+        }
+    )
+    provision = ["provision", "--target", "chameleon", "--runtime", "process", "--user", node.user,
+                 "--python", "/usr/bin/python3", "--serving-venv", sys.prefix]  # fmt: skip
+    known_hosts = lab.state_file.with_name("known_hosts")
+    entry = f"[127.0.0.1]:{port}"
+    try:
+        lab.fab(*provision)
+        # The first contact records the node's key, as the deploy's does (accept-new).
+        subprocess.run(
+            ["ssh", "-p", str(port), "-i", str(node.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
+             "-o", f"UserKnownHostsFile={known_hosts}", f"{node.user}@127.0.0.1", "true"],
+            check=True, timeout=60,
+        )  # fmt: skip
+        recorded = known_hosts.read_text()
+        assert knows(known_hosts, entry)
+
+        done = lab.fab("teardown")
+        assert "forgot the host key of 127.0.0.1 (the address went back to the cloud)" in done.stdout
+        assert not knows(known_hosts, entry)
+
+        # Another node behind the same address: a new host key. The old entry is back (a teardown
+        # of an earlier version, another checkout): provision removes it before the first SSH.
+        node.stop()
+        node = start_sshd(tmp_path / "node-b", port)
+        (tmp_path / "node-b" / "authorized_keys").write_text((tmp_path / "node-a" / "authorized_keys").read_text())
+        known_hosts.write_text(recorded)
+        provisioned = lab.fab(*provision)
+        assert "forgot the old host key of 127.0.0.1 (an earlier node had this address)" in provisioned.stdout
+        assert "deploy complete" in lab.fab("deploy").stdout, "no 'host key changed'"
+        lab.fab("teardown")
+        assert fake.held() == {"leases": 0, "servers": 0, "floatingips": 0}
+    finally:
+        if lab.state() is not None:
+            lab.fab("teardown", "--purge", check=False)
+        node.stop()
         fake.stop()

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provision.config import settings as lab_settings
+from provision.hosts import forget_host_key
 from provision.state import Host, State
 from provision.targets import choose_runtime
 from provision.targets.chameleon.cloud import (
@@ -52,6 +53,7 @@ _OPTION_NAMES = {
     "public_key": "public_key",
     "private_key": "private_key",
     "user": "ssh_user",
+    "floating_ip": "floating_ip",
 }
 
 
@@ -72,7 +74,10 @@ def config(settings: dict, options: dict | None = None) -> dict:
     if merged["node_count"] < 1:
         raise ValueError("node count must be at least 1")
     if merged["floating_ip"] not in ("reserved", "adhoc"):
-        raise ValueError(f"chameleon.floating_ip is {merged['floating_ip']!r}: use reserved (with the lease) or adhoc")
+        raise ValueError(
+            f"floating IP {merged['floating_ip']!r} (--floating-ip, lab.chameleon.floating_ip): "
+            "use reserved (with the lease) or adhoc"
+        )
     return merged
 
 
@@ -360,6 +365,8 @@ def _attach_floating_ip(cloud, state, save, say, created, entry, current) -> Non
             info["floating_ips"].append({"id": fip["id"], "address": fip["address"], "server": entry["name"]})
             entry.update(floating_ip=fip["address"], floating_ip_source="adhoc")
         save(state)
+    if forget_host_key(entry["floating_ip"], info["ssh_port"]):  # before the first SSH to the new node
+        _say_step(say, f"forgot the old host key of {entry['floating_ip']} (an earlier node had this address)")
     _say_step(say, f"attaching floating IP {entry['floating_ip']} to {entry['name']}")
     cloud.associate_floating_ip(entry["id"], entry["floating_ip"])
     state.record(f"floating IP {entry['floating_ip']} attached to {entry['name']}")
