@@ -108,6 +108,8 @@ PROVISION_HELP = {
     "image": "chameleon: image (default CC-Ubuntu24.04-CUDA)",
     "hours": "chameleon: lease length in hours (default 3)",
     "count": "chameleon: number of nodes (default 1)",
+    "floating_ip": "chameleon: reserved (reserved with the lease, the default) or adhoc (allocated apart: "
+    "when the lease's pool has none left)",
     "key_name": "chameleon: key pair name (default derived from your user; uploaded if missing)",
     "public_key": "chameleon: public key to upload (default ~/.ssh/id_rsa.pub)",
 }
@@ -136,6 +138,7 @@ def provision(
     count=0,
     key_name="",
     public_key="",
+    floating_ip="",
     no_wait=False,
 ):
     """Reserve or record the hosts to serve on, and render inventory/hosts.yml.
@@ -156,7 +159,7 @@ def provision(
         "hosts": host, "user": user, "port": port, "key": key, "python": python, "serving_venv": serving_venv,
         "runtime": runtime,
         "site": site, "node_type": node_type, "image": image, "hours": hours, "count": count,
-        "key_name": key_name, "public_key": public_key, "private_key": key,
+        "key_name": key_name, "public_key": public_key, "private_key": key, "floating_ip": floating_ip,
     }  # fmt: skip
     # Ctrl-C or SIGTERM (a closed terminal, a batch scheduler) ends a provision where it is.
     try:
@@ -324,6 +327,7 @@ def run(
     count=0,
     key_name="",
     public_key="",
+    floating_ip="",
     quick=False,
     model=None,
     keep=False,

@@ -8,14 +8,17 @@ own path prefix, in the shapes python-chi 1.2.10 and the clients under it
 openstacksdk) send and expect. Every resource it holds is recorded, so tests
 can assert exactly what exists (`held()`), and `fail` injects failures:
 
-    fake.fail["lease_create"] = "no_hosts"      # POST /leases -> "Not enough hosts available"
+    fake.fail["lease_create"] = "no_hosts"      # POST /leases -> 500 "Not enough hosts available"
+    fake.fail["lease_create"] = "no_fips"       # POST /leases -> 500 "Not enough floating IPs available"
+    fake.fail["lease_create"] = "restricted_credential"  # POST /leases -> 500 (Blazar cannot make its trust)
+    fake.fail["member_only"] = True             # GET /v2/images and POST /servers -> 403 (no `reader` role)
     fake.fail["lease_status"] = "ERROR"         # the lease goes to ERROR instead of ACTIVE
     fake.fail["server_status"] = "ERROR"        # the server goes to ERROR instead of ACTIVE
     fake.fail["fip_associate"] = True           # PUT /floatingips/{id} answers 500
     fake.fail["server_delete"] = True           # DELETE /servers/{id} answers 500
     fake.fail["lease_delete"] = True            # DELETE /leases/{id} answers 500
     fake.fail["fip_delete"] = True              # DELETE /floatingips/{id} answers 500
-    fake.fail["lease_extend"] = True            # PUT /leases/{id} answers 409
+    fake.fail["lease_extend"] = True            # PUT /leases/{id} -> 500 "Not enough hosts available"
 
 and `fault()` injects transient ones, each answered once (or `times`) before
 the request is served as usual:
@@ -78,6 +81,12 @@ class HTTPError(Exception):
         super().__init__(code)
         self.code = code
         self.body = body
+
+
+def _blazar_error(name: str, message: str) -> HTTPError:
+    """Blazar's answer for one of its exceptions. Those without a code of their own (NotEnoughHostsAvailable,
+    NotEnoughFloatingIPAvailable, BlazarException) are 500s: BlazarException's default code."""
+    return HTTPError(500, {"error_code": 500, "error_name": name, "error_message": message})
 
 
 class FakeOpenStack:
@@ -436,14 +445,7 @@ class FakeOpenStack:
                 return 204, None
             if method == "PUT":
                 if self.fail.get("lease_extend"):
-                    raise HTTPError(
-                        409,
-                        {
-                            "error_code": 409,
-                            "error_name": "NotEnoughHostsAvailable",
-                            "error_message": "Not enough hosts available",
-                        },
-                    )
+                    raise _blazar_error("NotEnoughHostsAvailable", "Not enough hosts available")
                 if body.get("end_date"):
                     lease["end_date"] = _parse_api_date(body["end_date"])
                 return 200, {"lease": self._lease_view(lease)}
@@ -478,6 +480,9 @@ class FakeOpenStack:
         raise HTTPError(404, {"error": f"blazar: no route for {method} {path}"})
 
     def _create_lease(self, body):
+        if self.fail.get("lease_create") == "restricted_credential":
+            # Blazar makes a Keystone trust for the lease; a restricted application credential may not.
+            raise _blazar_error("BlazarException", "An unknown exception occurred")
         if any(lease["name"] == body["name"] for lease in self.leases.values()):
             raise HTTPError(
                 409,
@@ -504,14 +509,7 @@ class FakeOpenStack:
                 count = int(request["min"])
                 free = self._free_hosts(node_type, start, end)
                 if self.fail.get("lease_create") == "no_hosts" or len(free) < count:
-                    raise HTTPError(
-                        409,
-                        {
-                            "error_code": 409,
-                            "error_name": "NotEnoughHostsAvailable",
-                            "error_message": "Not enough hosts available",
-                        },
-                    )
+                    raise _blazar_error("NotEnoughHostsAvailable", "Not enough hosts available")
                 reservation.update(
                     min=count,
                     max=count,
@@ -520,6 +518,8 @@ class FakeOpenStack:
                     _hosts=[h["id"] for h in free[:count]],
                 )
             elif request["resource_type"] == "virtual:floatingip":
+                if self.fail.get("lease_create") == "no_fips":
+                    raise _blazar_error("NotEnoughFloatingIPAvailable", "Not enough floating IPs available")
                 if request.get("network_id") not in self.networks:
                     raise HTTPError(
                         400, {"error_code": 400, "error_message": f"network {request.get('network_id')} not found"}
@@ -656,6 +656,10 @@ class FakeOpenStack:
                 servers = [s for s in servers if re.search(query["name"], s["name"])]
             return 200, {"servers": servers}
         if path == "/servers" and method == "POST":
+            if self.fail.get("member_only"):
+                raise HTTPError(
+                    403, {"forbidden": {"code": 403, "message": "Policy doesn't allow os_compute_api:servers:create to be performed."}}
+                )
             return self._create_server(body)
         match = re.fullmatch(r"/servers/([^/]+)", path)
         if match:
@@ -995,6 +999,10 @@ class FakeOpenStack:
         if path == "/v2/schemas/images":
             return 200, {"name": "images", "properties": {"images": {"type": "array"}}, "links": []}
         if path == "/v2/images" and method == "GET":
+            if self.fail.get("member_only"):
+                raise HTTPError(
+                    403, {"forbidden": {"code": 403, "message": "You are not authorized to complete get_images action."}}
+                )
             images = list(self.images.values())
             if "name" in query:
                 images = [i for i in images if i["name"] == query["name"]]

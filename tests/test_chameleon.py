@@ -393,10 +393,87 @@ def test_status_and_extend(fake, settings):
     target.extend(state, settings, 2, recorder.save, recorder.say)
     assert datetime.fromisoformat(state_module.load().chameleon["lease"]["end"]) - end == timedelta(hours=2)
     assert "now ends" in recorder.text
-    fake.fail["lease_extend"] = True
-    with pytest.raises(ChameleonError, match="48 h"):
-        target.extend(state, settings, 2, recorder.save, recorder.say)
     release_from_file(settings)
+
+
+def lease_updates(fake: FakeOpenStack) -> int:
+    return sum(1 for method, path in fake.requests if method == "PUT" and "/leases/" in path)
+
+
+def test_an_extension_blazar_refuses_is_not_retried(fake, settings):
+    # Blazar refuses with a 500 (NotEnoughHostsAvailable has no code of its own): no retry can change that.
+    state, _ = provision(settings, {"hours": 3})
+    end = state.chameleon["lease"]["end"]
+    fake.fail["lease_extend"] = True
+    recorder = Recorder()
+    with pytest.raises(ChameleonError) as refused:
+        target.extend(state, settings, 2, recorder.save, recorder.say)
+    assert "refused to extend lease" in str(refused.value) and "Not enough hosts available" in str(refused.value)
+    assert "within 48 h of its end and if no one reserved the node after it" in str(refused.value)
+    assert lease_updates(fake) == 1 and "retrying" not in recorder.text
+    assert state_module.load().chameleon["lease"]["end"] == end
+    release_from_file(settings)
+
+
+def test_an_extension_whose_answer_is_lost_extends_once(fake, settings, capsys):
+    state, _ = provision(settings, {"hours": 3})
+    end = datetime.fromisoformat(state.chameleon["lease"]["end"])
+    fake.fault("PUT", r"/reservation/.*/leases/[^/]+", "lost")  # applied, then answered 504
+    recorder = Recorder()
+    target.extend(state, settings, 2, recorder.save, recorder.say)
+    lease = next(iter(fake.leases.values()))
+    assert lease["end_date"].replace(tzinfo=timezone.utc) - end == timedelta(hours=2), "once, not twice"
+    assert lease_updates(fake) == 1, "the lease read after the 504 showed the new end: not sent again"
+    assert "extending the lease answered 504, retrying" in capsys.readouterr().out
+    assert datetime.fromisoformat(state_module.load().chameleon["lease"]["end"]) - end == timedelta(hours=2)
+    release_from_file(settings)
+
+
+def test_an_extension_retries_a_gateway_error_that_changed_nothing(fake, settings):
+    state, _ = provision(settings, {"hours": 3})
+    end = datetime.fromisoformat(state.chameleon["lease"]["end"])
+    fake.fault("PUT", r"/reservation/.*/leases/[^/]+", 503)  # not served
+    target.extend(state, settings, 1, Recorder().save, Recorder().say)
+    assert lease_updates(fake) == 2
+    assert next(iter(fake.leases.values()))["end_date"].replace(tzinfo=timezone.utc) - end == timedelta(hours=1)
+    release_from_file(settings)
+
+
+def test_no_free_floating_ip_is_told_apart_from_no_free_node(fake, settings):
+    fake.fail["lease_create"] = "no_fips"  # a 500 in the same words as the hosts' shortage
+    with pytest.raises(ChameleonError) as caught:
+        provision(settings)
+    message = str(caught.value)
+    assert not isinstance(caught.value, NoHostsError)
+    assert "no floating IP is free to reserve with the lease" in message and "Not enough floating IPs available" in message
+    assert "--floating-ip adhoc" in message and "lab.chameleon.floating_ip: adhoc" in message
+    assert fake.held() == ZERO and target.holds_nothing(state_module.load())
+    state_module.clear()  # as `fab provision` does with a state that holds nothing
+    provision(settings, {"floating_ip": "adhoc"})  # what the message says to do
+    assert fake.held() == ONE_EACH
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_a_restricted_credential_is_named_when_blazar_answers_500(fake, settings):
+    fake.fail["lease_create"] = "restricted_credential"
+    with pytest.raises(ChameleonError) as caught:
+        provision(settings)
+    message = str(caught.value)
+    assert "HTTP 500" in message and "made without **Unrestricted**" in message
+    assert "Identity > Application Credentials" in message and "roles member and reader" in message
+    assert fake.held() == ZERO
+    release_from_file(settings)
+
+
+def test_a_member_only_credential_is_named_when_nova_answers_403(fake, settings):
+    fake.fail["member_only"] = True  # the lease is made, then the server is refused
+    with pytest.raises(ChameleonError) as caught:
+        provision(settings)
+    message = str(caught.value)
+    assert "403 Forbidden" in message and "the member role alone" in message and "reader" in message
+    release_from_file(settings)  # what was made is released
+    assert fake.held() == ZERO
 
 
 def test_the_deadline_is_the_lease_end_as_the_cloud_says_now(fake, settings):
@@ -443,6 +520,13 @@ def test_existing_key_pair_with_another_key_is_not_replaced(fake, settings):
         ({"OS_AUTH_TYPE": "v3token"}, "OS_TOKEN"),
         ({"OS_AUTH_TYPE": "v3token", "OS_TOKEN": "a-user-token"}, "OS_PROJECT_ID or OS_PROJECT_NAME"),
         ({"OS_AUTH_TYPE": "v3password"}, "OS_USERNAME"),
+        ({"OS_AUTH_TYPE": "password"}, "set OS_AUTH_TYPE=v3password"),
+        ({"OS_AUTH_TYPE": "applicationcredential"}, "set OS_AUTH_TYPE=v3applicationcredential"),
+        ({"OS_AUTH_TYPE": "v3chameleonoidc"}, "needs ccauth's keystoneauth plugin"),
+        (
+            {"OS_CLOUD": "chameleon", "OS_AUTH_TYPE": None, "OS_AUTH_URL": None},
+            "OS_CLOUD=chameleon names an entry of a clouds.yaml, which python-chi does not read",
+        ),
     ],
 )
 def test_bad_credentials_name_the_variable(fake, settings, monkeypatch, change, named):

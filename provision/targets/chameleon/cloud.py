@@ -89,6 +89,9 @@ LEASE_STATUSES = (
 LEASE_ENDING = {"TERMINATING", "TERMINATED", "DELETING"}  # never adopted nor waited on
 LEASE_FAILED = "ERROR"
 
+# Blazar's API dates: UTC, to the minute.
+BLAZAR_DATE = "%Y-%m-%d %H:%M"
+
 # What a retry waits, unless lab.chameleon.retry says otherwise.
 DEFAULT_RETRY = {"attempts": 6, "first_delay_s": 2.0, "max_delay_s": 30.0}
 TRANSIENT_HTTP = {500, 502, 503, 504}
@@ -119,11 +122,12 @@ class NoHostsError(ChameleonError):
 
 
 def where_to_get_credentials(site: str) -> str:
+    """How to make a credential that every call of ours accepts: leases need a trust (Unrestricted), images a reader."""
     dashboard = DASHBOARDS.get(site, "the dashboard of your site")
     return (
-        f"get them from the Chameleon web UI of {site} ({dashboard}): Identity > Application Credentials > "
-        "Create Application Credential, download the openrc file it offers and `source` it "
-        "(or Project > API Access > Download OpenStack RC File)"
+        f"make one in the Chameleon web UI of {site} ({dashboard}): Identity > Application Credentials > "
+        "Create Application Credential, tick **Unrestricted** and give it the roles member and reader, then "
+        "download the openrc file it offers and `source` it"
     )
 
 
@@ -146,7 +150,23 @@ _NEEDS = {
         ("OS_DISCOVERY_ENDPOINT",),
     ],
 }
+# Chameleon's ccauth (`ccauth openrc`) writes this type; its keystoneauth plugin checks its own variables.
+CHAMELEON_OIDC = "v3chameleonoidc"
+# keystoneauth's short names, which python-chi does not read from the environment (it takes the v3 ones only).
 _ALIASES = {"password": "v3password", "token": "v3token", "applicationcredential": "v3applicationcredential"}
+# A clouds.yaml entry's fields and the variables an openrc sets for them.
+CLOUDS_YAML_VARIABLES = {
+    "auth_type": "OS_AUTH_TYPE", "auth.auth_url": "OS_AUTH_URL", "region_name": "OS_REGION_NAME",
+    "auth.application_credential_id": "OS_APPLICATION_CREDENTIAL_ID",
+    "auth.application_credential_secret": "OS_APPLICATION_CREDENTIAL_SECRET",
+}  # fmt: skip
+
+
+def _plugin_installed(name: str) -> bool:
+    """Whether a keystoneauth plugin of that name is installed here (python-chi loads every v3* one)."""
+    from importlib.metadata import entry_points
+
+    return any(entry.name == name for entry in entry_points(group="keystoneauth1.plugin"))
 
 
 def check_credentials(environ: Mapping[str, str], site: str) -> dict:
@@ -158,6 +178,24 @@ def check_credentials(environ: Mapping[str, str], site: str) -> dict:
     get = lambda name: (environ.get(name) or "").strip()  # noqa: E731
     where = where_to_get_credentials(site)
     auth_type = get("OS_AUTH_TYPE")
+    if get("OS_CLOUD") and not (auth_type or get("OS_AUTH_URL")):
+        fields = ", ".join(f"{field} -> {variable}" for field, variable in CLOUDS_YAML_VARIABLES.items())
+        raise CredentialsError(
+            f"OS_CLOUD={get('OS_CLOUD')} names an entry of a clouds.yaml, which python-chi does not read: "
+            f"export its fields as variables instead ({fields}), e.g. with `ccauth openrc` or the openrc file the "
+            f"dashboard gives, and unset OS_CLOUD; {where}"
+        )
+    if auth_type in _ALIASES:
+        raise CredentialsError(
+            f"OS_AUTH_TYPE={auth_type}: python-chi reads credentials from the environment only under the v3 plugin "
+            f"names: set OS_AUTH_TYPE={_ALIASES[auth_type]}; {where}"
+        )
+    if auth_type == CHAMELEON_OIDC and not _plugin_installed(CHAMELEON_OIDC):
+        raise CredentialsError(
+            f"OS_AUTH_TYPE={CHAMELEON_OIDC} (written by Chameleon's ccauth) needs ccauth's keystoneauth plugin in this "
+            "project's environment, and it is not installed: `.venv/bin/pip install "
+            "git+https://github.com/ChameleonCloud/ccauth`, or use an application credential instead; " + where
+        )
     if not auth_type:
         if get("OS_APPLICATION_CREDENTIAL_ID") or get("OS_APPLICATION_CREDENTIAL_SECRET"):
             raise CredentialsError(
@@ -170,10 +208,9 @@ def check_credentials(environ: Mapping[str, str], site: str) -> dict:
                 f"OS_REGION_NAME, OS_APPLICATION_CREDENTIAL_ID and OS_APPLICATION_CREDENTIAL_SECRET; {where}"
             )
         auth_type = "v3token"  # python-chi's default
-    auth_type = _ALIASES.get(auth_type, auth_type)
-    if auth_type not in _NEEDS:
+    if auth_type not in _NEEDS and auth_type != CHAMELEON_OIDC:
         raise CredentialsError(
-            f"OS_AUTH_TYPE={auth_type} is not supported here: use one of {', '.join(_NEEDS)}; {where}"
+            f"OS_AUTH_TYPE={auth_type} is not supported here: use one of {', '.join([*_NEEDS, CHAMELEON_OIDC])}; {where}"
         )
     auth_url = get("OS_AUTH_URL")
     if not auth_url:
@@ -190,7 +227,7 @@ def check_credentials(environ: Mapping[str, str], site: str) -> dict:
             f"OS_REGION_NAME={region} but the site to use is {site}: credentials belong to one site; "
             f"use the openrc file of {site}, or choose --site {region}; {where}"
         )
-    for alternatives in _NEEDS[auth_type]:
+    for alternatives in _NEEDS.get(auth_type, []):  # ccauth's plugin checks its own
         if not any(get(name) for name in alternatives):
             names = " or ".join(alternatives)
             raise CredentialsError(f"{names} is not set (needed with OS_AUTH_TYPE={auth_type}); {where}")
@@ -261,12 +298,14 @@ class ChameleonCloud:
     # -- plumbing -------------------------------------------------------------
 
     @staticmethod
-    def _transient(error: BaseException, deleting: bool) -> str | None:
-        """Why `error` is worth a retry ("answered 503", "lost its connection"), or None."""
+    def _transient(error: BaseException, deleting: bool, server_error: bool = True) -> str | None:
+        """Why `error` is worth a retry ("answered 503", "lost its connection"), or None.
+
+        server_error: whether a 500 counts (not for Blazar's lease update, whose refusals are 500s)."""
         from keystoneauth1 import exceptions as ksa
 
         code = _http_code(error)
-        if code in TRANSIENT_HTTP or (deleting and code == 409):
+        if (code in TRANSIENT_HTTP and (server_error or code != 500)) or (deleting and code == 409):
             return f"answered {code}"
         connection_errors = (ksa.ConnectionError, ksa.RetriableConnectionFailure, ConnectionError, TimeoutError)
         if isinstance(error, connection_errors) or type(error).__name__ in ("ConnectionFailed", "ConnectionError"):
@@ -314,6 +353,11 @@ class ChameleonCloud:
                 raise CredentialsError(
                     f"{what}: the cloud refused the credentials (OS_APPLICATION_CREDENTIAL_ID/SECRET or token expired, "
                     f"deleted or for another site?); {where_to_get_credentials(self.site)}"
+                ) from None
+            if code == 403 or isinstance(error, ksa.Forbidden):
+                raise CredentialsError(
+                    f"{what}: the cloud answered 403 Forbidden ({error}). A credential with the member role alone "
+                    f"may not read images or servers: {where_to_get_credentials(self.site)}"
                 ) from None
             if isinstance(error, ksa.EndpointNotFound):
                 raise ChameleonError(
@@ -444,10 +488,25 @@ class ChameleonCloud:
             )
         except BlazarClientException as error:
             message = str(error).removeprefix("ERROR: ")
+            code = _http_code(error)
+            # Blazar answers both shortages with a 500 and the same words: the pool tells them apart.
+            if "not enough floating ip" in message.lower():
+                raise ChameleonError(
+                    f"no floating IP is free to reserve with the lease at {self.site} ({message}). The nodes are "
+                    "not the problem: reserved addresses come from a pool of their own. Reserve none and take an "
+                    "ad-hoc address instead: `fab provision --target chameleon --floating-ip adhoc` "
+                    "(or lab.chameleon.floating_ip: adhoc)"
+                ) from None
             if "not enough" in message.lower() and "available" in message.lower():
                 raise self.no_hosts(node_type, count, hours, message) from None
-            if _http_code(error) == 401:
+            if code == 401:
                 self._call("creating the lease", _raise, error)
+            if code in (403, 500):
+                raise CredentialsError(
+                    f"creating lease {name} on {self.site} failed (HTTP {code}: {message}). On Chameleon this is "
+                    f"most often an application credential made without **Unrestricted**, which may not create "
+                    f"the Keystone trust Blazar makes for every lease: {where_to_get_credentials(self.site)}"
+                ) from None
             raise ChameleonError(f"creating lease {name} on {self.site} failed: {message}") from None
         except Exception as error:
             self._call("creating the lease", _raise, error)
@@ -535,26 +594,48 @@ class ChameleonCloud:
         )
 
     def extend_lease(self, lease_id: str, hours: float) -> dict:
-        """Move the lease's end `hours` later (Chameleon allows it within 48 h of the end, if the node is free)."""
+        """Move the lease's end `hours` later (Chameleon allows it within 48 h of the end, if the node is free).
+
+        The new end is computed once, from the lease as the cloud has it, and sent as an
+        absolute end_date: blazarclient's prolong_for adds to whatever end it reads, so a
+        retry after a lost answer would extend twice. Only what is transient is retried
+        (502/503/504, a lost connection), each retry after reading the lease again: an
+        update that went through is not sent twice. A 500 is Blazar's answer to a refusal.
+        """
         from blazarclient.exception import BlazarClientException
 
-        minutes = max(1, round(hours * 60))
-        try:
-            body = self._repeat(
-                "extending the lease", False, self.chi.blazar().lease.update, lease_id, prolong_for=f"{minutes}m"
-            )
-        except BlazarClientException as error:
-            message = str(error).removeprefix("ERROR: ")
-            if _http_code(error) == 401:
-                self._call("extending the lease", _raise, error)
-            raise ChameleonError(
-                f"{self.site} refused to extend lease {lease_id} by {hours:g} h: {message}. A lease can be extended "
-                "only within 48 h of its end and if no one reserved the node after it; try fewer hours, or "
-                "make a new lease after this one ends"
-            ) from None
-        except Exception as error:
-            self._call("extending the lease", _raise, error)
-        return self._lease_view(body)
+        current = self.lease(lease_id)
+        if current is None:
+            raise ChameleonError(f"lease {lease_id} no longer exists on {self.site}: nothing to extend")
+        end = datetime.fromisoformat(current["end"]) + timedelta(minutes=max(1, round(hours * 60)))
+        end_date = end.strftime(BLAZAR_DATE)  # minutes: Blazar's API keeps no more
+        attempts, delay = max(1, int(self.retry["attempts"])), float(self.retry["first_delay_s"])
+        for attempt in range(1, attempts + 1):
+            interrupts.raise_if_requested()
+            try:
+                return self._lease_view(self.chi.blazar().lease.update(lease_id, end_date=end_date))
+            except BlazarClientException as error:
+                reason = self._transient(error, deleting=False, server_error=False)
+                if reason is None or attempt == attempts:
+                    if _http_code(error) == 401:
+                        self._call("extending the lease", _raise, error)
+                    message = str(error).removeprefix("ERROR: ")
+                    raise ChameleonError(
+                        f"{self.site} refused to extend lease {lease_id} by {hours:g} h (to {end_date} UTC): {message}. "
+                        "A lease can be extended only within 48 h of its end and if no one reserved the node after "
+                        "it; try fewer hours, or make a new lease after this one ends"
+                    ) from None
+            except Exception as error:
+                reason = self._transient(error, deleting=False, server_error=False)
+                if reason is None or attempt == attempts:
+                    self._call("extending the lease", _raise, error)
+            self.progress(f"chameleon: extending the lease {reason}, retrying in {delay:g} s ({attempt}/{attempts - 1})")
+            time.sleep(delay)
+            delay = min(delay * 2, float(self.retry["max_delay_s"]))
+            again = self.lease(lease_id)
+            if again is not None and datetime.fromisoformat(again["end"]).strftime(BLAZAR_DATE) == end_date:
+                return again  # the lost answer's update went through: not sent twice
+        raise AssertionError("unreachable")
 
     def delete_lease(self, lease_id: str) -> None:
         """Delete the lease (Blazar then frees its node and its reserved floating IPs). Already gone is fine."""
