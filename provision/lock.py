@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from provision.host.background import PLAYBOOK_RUN_VARIABLE, end, processes
+from provision.host.background import PLAYBOOK_RUN_VARIABLE, end, environment, processes
 from provision.state import state_file
 
 
@@ -101,7 +101,7 @@ def playbook_processes(mark: str) -> dict[int, str]:
         pid
         for pid in table
         if pid != os.getpid()
-        and (mark in table[pid]["command"] or _environment(pid).get(PLAYBOOK_RUN_VARIABLE) == run_id)
+        and (mark in table[pid]["command"] or environment(pid).get(PLAYBOOK_RUN_VARIABLE) == run_id)
     }
     grown = True
     while grown:
@@ -109,14 +109,6 @@ def playbook_processes(mark: str) -> dict[int, str]:
         family |= children
         grown = bool(children)
     return {pid: table[pid]["command"] for pid in family if table[pid]["state"] != "Z"}
-
-
-def _environment(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in raw.split(b"\0") if entry)
 
 
 def _end_its_playbooks(holder: dict, say: Callable[[str], None]) -> None:

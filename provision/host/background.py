@@ -216,6 +216,15 @@ def processes() -> dict[int, dict]:
     return table
 
 
+def environment(pid: int) -> dict[str, str]:
+    """A process's environment from /proc ({} where it cannot be read: ended, or another user's)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in raw.split(b"\0") if entry)
+
+
 def group_members(pgid: int) -> list[int]:
     """The live processes of process group `pgid` (a zombie is gone: only its parent's wait() is left)."""
     return [pid for pid, process in processes().items() if process["pgid"] == pgid and process["state"] != "Z"]

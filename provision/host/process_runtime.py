@@ -30,7 +30,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.host.background import BackgroundProcess, end, port_holder, port_is_free, processes
+from provision.host.background import (
+    PLAYBOOK_RUN_VARIABLE,
+    BackgroundProcess,
+    end,
+    environment,
+    port_holder,
+    port_is_free,
+    processes,
+)
 from provision.host.layout import TOKEN_FILE, http_json, run_dir
 from provision.host.tritonserver import TritonError, TritonProcess, TritonRuntime, install
 
@@ -246,7 +254,9 @@ def leftovers(config: RuntimeConfig) -> dict[int, str]:
     """Processes of this deployment that no service owns any more: pid -> command line.
 
     Ours are those whose command line names the deploy folder (the servers, stubs, the API
-    and Jupyter all run from it); this command and the processes that run it are not leftovers.
+    and Jupyter all run from it). Not leftovers: this command and the processes that run it,
+    and any process of an Ansible run (it carries the run's mark in its environment): where
+    the controller is this host itself, reached over SSH, its ssh client names the folder too.
     """
     table = processes()
     callers, pid = set(), os.getpid()
@@ -257,7 +267,10 @@ def leftovers(config: RuntimeConfig) -> dict[int, str]:
     return {
         pid: process["command"]
         for pid, process in table.items()
-        if marker in process["command"] and pid not in callers and process["state"] != "Z"
+        if marker in process["command"]
+        and pid not in callers
+        and process["state"] != "Z"
+        and not environment(pid).get(PLAYBOOK_RUN_VARIABLE)
     }
 
 
