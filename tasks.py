@@ -19,13 +19,13 @@ import traceback
 
 from invoke import Exit, task
 
-from provision import config, hosts, interrupts, inventory, lock, targets
+from provision import config, flags, hosts, interrupts, inventory, lock, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
 from provision.bench import BenchError, results_root
 from provision.cluster import ClusterError
 from provision.lease_guard import LeaseTooShort
-from provision.model_repo import TuningError, read_tuned
+from provision.model_repo import TuningError, model_names, read_tuned
 from provision.teardown import TeardownError
 from provision.tune import VALUES, TuneError
 from provision.tunnel import TunnelError
@@ -59,7 +59,7 @@ def _fails_cleanly(*known: type[Exception], again: str = "", interrupted: str = 
                 return body(*args, **kwargs)
             except PlaybookInterrupted as error:
                 raise Exit(f"{error}{interrupted}", code=INTERRUPTED) from None
-            except (state_module.StateError, lock.LockBusy, *known) as error:
+            except (state_module.StateError, lock.LockBusy, flags.FlagError, *known) as error:
                 raise Exit(f"error: {error}{again}") from None
 
         return task_body
@@ -118,6 +118,7 @@ PROVISION_HELP = {
 @task(
     iterable=["host"],
     help={**PROVISION_HELP, **NO_WAIT_HELP},
+    auto_shortflags=False,  # with them, --host took -h, and `fab provision -h` provisioned instead of helping
 )
 @_fails_cleanly(ValueError, RuntimeError)
 @_one_at_a_time
@@ -248,6 +249,7 @@ def bench(c, quick=False, model=None, cluster=False, no_wait=False):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
     from provision.bench import bench as run_bench
 
+    flags.models(model or [], model_names())
     results = run_bench(_settings(c), _state(), models=model or None, quick=quick, say=print, cluster=cluster)
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
@@ -269,7 +271,7 @@ def bench(c, quick=False, model=None, cluster=False, no_wait=False):
 )
 @_fails_cleanly(TuneError, TuningError, PlaybookError, LeaseTooShort)
 @_one_at_a_time
-def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes="", no_wait=False):
+def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_sizes="", no_wait=False):
     """Find the model's serving settings with the most throughput under a p99 budget, on the deployed host.
 
     Candidates are rendered from the model's template and loaded into the
@@ -280,12 +282,20 @@ def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=
     """
     from provision.tune import tune as run_tune
 
-    sizes = [int(size) for size in batch_sizes.split(",") if size.strip()] if batch_sizes else None
+    if not model:
+        raise flags.FlagError("--model is required: the model to tune, e.g. --model batching_food_classifier")
+    if p99_ms == "":
+        raise flags.FlagError("--p99-ms is required: the latency budget, a p99 in milliseconds, e.g. --p99-ms 100")
+    flags.models([model], model_names())
+    budget = flags.positive_number(p99_ms, "--p99-ms", "milliseconds")
+    concurrency = flags.concurrency_range(concurrency) if concurrency else ""
+    sizes = flags.positive_integers(batch_sizes, "--batch-sizes") if batch_sizes else None
+    gpus = int(flags.positive_number(max_gpus, "--max-gpus", "GPUs")) if max_gpus not in (0, "0", "") else None
     try:
         # SIGTERM too becomes KeyboardInterrupt: the tune puts the deployed configuration back either way.
         with interrupts.handled():
             results = run_tune(
-                _settings(c), _state(), model, float(p99_ms), quick=quick, max_gpus=int(max_gpus) or None,
+                _settings(c), _state(), model, budget, quick=quick, max_gpus=gpus,
                 concurrency=concurrency, batch_sizes=sizes, say=lambda line: print(line, flush=True),  # live, also piped
             )  # fmt: skip
     except KeyboardInterrupt:
@@ -307,6 +317,7 @@ def tune(c, model, p99_ms, quick=False, max_gpus=0, concurrency="", batch_sizes=
         "cluster": "deploy the hosts behind one load balancer and bench them as one (fab deploy/bench --cluster)",
         **NO_WAIT_HELP,
     },
+    auto_shortflags=False,  # with them, --host took -h: `fab run -h` ran the whole pipeline instead of helping
 )
 @_fails_cleanly()
 @_one_at_a_time
@@ -481,7 +492,7 @@ def status(c):
         print(line)
 
 
-@task(help={"hours": "hours to add to the lease", **NO_WAIT_HELP})
+@task(help={"hours": "hours to add to the lease", **NO_WAIT_HELP}, auto_shortflags=False)  # --hours took -h
 @_fails_cleanly(ValueError, RuntimeError)
 @_one_at_a_time
 def extend(c, hours=1, no_wait=False):

@@ -135,10 +135,10 @@ def test_ctrl_c_during_a_tune_puts_the_deployed_configuration_back(deployed):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "resnet"], "no model 'resnet': the models are "),
+        (["--model", "resnet"], "--model resnet: no such model; the models are "),
         (["--model", "ensemble"], "ensemble has no serving settings of its own to tune"),
         (["--model", "food_classifier", "--batch-sizes", "4,8"], "food_classifier has no dynamic batching"),
-        (["--model", MODEL, "--p99-ms", "0"], "give a latency budget in milliseconds"),
+        (["--model", MODEL, "--p99-ms", "0"], "--p99-ms 0: give a number greater than 0 (milliseconds)"),
     ],
 )
 def test_requests_a_tune_cannot_serve_get_one_clear_message(deployed, args, message):

@@ -1,0 +1,45 @@
+"""The tasks' flags, checked before anything starts: one line naming the flag, what was given and
+what is accepted. A flag that fails here has changed nothing and written nothing."""
+
+from __future__ import annotations
+
+
+class FlagError(ValueError):
+    """A flag's value is not one the task accepts; the message names the flag, the value and what is accepted."""
+
+
+def concurrency_range(value: str, flag: str = "--concurrency") -> str:
+    """perf_analyzer's start[:end[:step]], positive integers, start <= end (it reads "2-4" as 2 alone)."""
+    parts = str(value).split(":")
+    numbers = [int(part) for part in parts if part.strip().isdigit()]
+    if not 1 <= len(parts) <= 3 or len(numbers) != len(parts) or min(numbers) < 1 or numbers[0] > numbers[min(1, len(numbers) - 1)]:
+        raise FlagError(
+            f"{flag} {value}: give perf_analyzer's start:end:step, positive integers with start <= end "
+            "(e.g. 2:8:2, or 4 for one level)"
+        )
+    return ":".join(str(number) for number in numbers)
+
+
+def positive_number(value, flag: str, unit: str = "") -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = 0.0
+    if not number > 0:
+        raise FlagError(f"{flag} {value}: give a number greater than 0{f' ({unit})' if unit else ''}")
+    return number
+
+
+def positive_integers(value: str, flag: str) -> list[int]:
+    """"4,8,16" -> [4, 8, 16]."""
+    parts = [part.strip() for part in str(value).split(",") if part.strip()]
+    if not parts or not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise FlagError(f"{flag} {value}: give comma-separated whole numbers of at least 1 (e.g. 4,8,16)")
+    return [int(part) for part in parts]
+
+
+def models(names: list[str], known: list[str], flag: str = "--model") -> list[str]:
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise FlagError(f"{flag} {', '.join(unknown)}: no such model; the models are {', '.join(known)}")
+    return names

@@ -1,0 +1,60 @@
+"""Flags are checked before anything starts: one line naming the flag, what was given and what is
+accepted, and nothing changed or written. `-h` is help on every task."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from conftest import new_lab
+from fab_runner import FAB
+
+from provision.config import PROJECT_ROOT
+
+BAD_FLAGS = [
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--concurrency", "2-4"],
+     "--concurrency 2-4: give perf_analyzer's start:end:step, positive integers with start <= end"),
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--concurrency", "8:2"],
+     "--concurrency 8:2: give perf_analyzer's start:end:step"),
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "abc"],
+     "--p99-ms abc: give a number greater than 0 (milliseconds)"),
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--batch-sizes", "4,x"],
+     "--batch-sizes 4,x: give comma-separated whole numbers of at least 1"),
+    (["tune", "--model", "batching_food_classifier"], "--p99-ms is required: the latency budget"),
+    (["tune", "--p99-ms", "100"], "--model is required: the model to tune"),
+    (["tune", "--model", "nosuch_model", "--p99-ms", "100"], "--model nosuch_model: no such model; the models are"),
+    (["bench", "--quick", "--model", "nosuch_model"], "--model nosuch_model: no such model; the models are"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_FLAGS, ids=[" ".join(args[:1] + args[-2:]) for args, _ in BAD_FLAGS])
+def test_a_bad_flag_is_named_before_anything_starts(tmp_path, args, message):
+    lab = new_lab(tmp_path)
+    done = lab.fab(*args, check=False)
+    assert done.returncode == 1 and f"error: {message}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not lab.results_dir.exists() and lab.state() is None, "nothing written"
+
+
+def task_names() -> list[str]:
+    listing = subprocess.run([FAB, "--list"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout
+    return re.findall(r"^  (\w[\w-]*) ", listing, flags=re.MULTILINE)  # continuation lines are indented further
+
+
+def test_no_task_gives_minus_h_to_a_flag_and_every_flag_reads_cleanly():
+    for task in task_names():
+        text = subprocess.run([FAB, "--help", task], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout
+        flags = re.findall(r"^\s+(-\S.*?)\s{2,}", text, flags=re.MULTILINE)
+        assert f"Usage: fab [--core-opts] {task}" in text
+        for line in flags:
+            assert not line.startswith("-h"), f"{task}: {line}"
+            assert not line.startswith("--="), f"{task}: a flag without a name: {line}"
+
+
+@pytest.mark.parametrize("task", ["run", "provision", "deploy", "bench", "teardown"])
+def test_minus_h_after_a_task_shows_its_help_and_does_nothing(tmp_path, task):
+    lab = new_lab(tmp_path)
+    done = lab.fab(task, "-h", check=False)
+    assert done.returncode == 0 and f"Usage: fab [--core-opts] {task}" in done.stdout, done.stdout + done.stderr
+    assert lab.state() is None, "nothing was provisioned"
