@@ -115,20 +115,26 @@ def test_teardown_releases_a_lease_whose_create_answer_was_lost(lab, cloud):
 
 
 @pytest.mark.deploy
-def test_bench_keeps_clear_of_the_lease_end(lab, sshd):
-    # The fake cloud's node is this machine: its floating IP is 127.0.0.1, where the tests' sshd listens.
+def cloud_whose_node_is_this_machine(lab, key, ssh_port: int) -> FakeOpenStack:
+    """A fake cloud whose node is this machine: its floating IP is 127.0.0.1, where an sshd of the
+    tests listens on ssh_port and takes `key`; the lab's environment points at both."""
     fake = FakeOpenStack(floating_ips=["127.0.0.1"]).start()
     lab.extra_env.update(fake.env())
     lab.extra_env.update(
         {
-            "FABRIC_LAB_CHAMELEON_PUBLIC_KEY": f"{sshd.key}.pub",
-            "FABRIC_LAB_CHAMELEON_SSH_PORT": str(sshd.port),
+            "FABRIC_LAB_CHAMELEON_PUBLIC_KEY": f"{key}.pub",
+            "FABRIC_LAB_CHAMELEON_SSH_PORT": str(ssh_port),
             "FABRIC_LAB_CHAMELEON_POLL_INTERVAL_S": "0.05",
             # This machine's torch, not the P100 build a real node installs.
             "FABRIC_LAB_CHAMELEON_CONSTRAINTS": "constraints/local.txt",
             "FABRIC_LAB_CHAMELEON_PIP_EXTRA_ARGS": "",
         }
     )
+    return fake
+
+
+def test_bench_keeps_clear_of_the_lease_end(lab, sshd):
+    fake = cloud_whose_node_is_this_machine(lab, sshd.key, sshd.port)
     models = ["--model", "food_classifier", "--model", "batching_food_classifier"]
     try:
         lab.fab(
@@ -188,17 +194,7 @@ def test_an_address_that_comes_back_with_another_host_key_is_deployed_to(lab, tm
     # Floating IPs come back from a small pool: the next node behind one has a host key of its own.
     port = free_ports(1)[0]
     node = start_sshd(tmp_path / "node-a", port)
-    fake = FakeOpenStack(floating_ips=["127.0.0.1"]).start()
-    lab.extra_env.update(fake.env())
-    lab.extra_env.update(
-        {
-            "FABRIC_LAB_CHAMELEON_PUBLIC_KEY": f"{node.key}.pub",
-            "FABRIC_LAB_CHAMELEON_SSH_PORT": str(port),
-            "FABRIC_LAB_CHAMELEON_POLL_INTERVAL_S": "0.05",
-            "FABRIC_LAB_CHAMELEON_CONSTRAINTS": "constraints/local.txt",  # this machine's torch
-            "FABRIC_LAB_CHAMELEON_PIP_EXTRA_ARGS": "",
-        }
-    )
+    fake = cloud_whose_node_is_this_machine(lab, node.key, port)
     provision = ["provision", "--target", "chameleon", "--runtime", "process", "--user", node.user,
                  "--python", "/usr/bin/python3", "--serving-venv", sys.prefix]  # fmt: skip
     known_hosts = lab.state_file.with_name("known_hosts")
