@@ -43,7 +43,7 @@ test-docker: setup system-deps docker-bases
 # The docker runtime's tests: Debian's docker.io, a dockerd of the tests' own
 # (.runtime/docker: its own data root, socket and pidfile) and local stand-ins
 # for the two base images, since no registry can be reached (tests/docker_engine.py);
-# and the cluster tests' node image (sshd, HAProxy) and the nvidia-pytriton wheel they install from
+# and the cluster tests' node image (sshd, HAProxy, firewalld) and the nvidia-pytriton wheel they install from
 # (tests/cluster_nodes.py).
 docker-bases: setup
 	$(BIN)/python tests/docker_engine.py install

@@ -192,7 +192,8 @@ def _forget_a_state_that_holds_nothing() -> None:
 @task(
     help={
         "check": "dry run (Ansible check mode): show what would change, change nothing",
-        "publish": "listen on every address of the hosts, not 127.0.0.1 (open to the internet on Chameleon)",
+        "publish": "listen on every address of the hosts, not 127.0.0.1, and open the ports in firewalld "
+        "where it runs (to the internet, on Chameleon)",
         "models_from": "a best.json of `fab tune` (results/<run-id>/tune/best.json): deploy its model settings",
         **CLUSTER_HELP,
         **NO_WAIT_HELP,
@@ -219,8 +220,10 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
         print(f"model settings from {models_from}: " + "; ".join(f"{m} {s}" for m, s in tuned.items()))
     if publish:
         settings["bind_address"] = "0.0.0.0"
-        print("warning: --publish: the services listen on every address; on Chameleon (no security groups) "
-              "anyone on the internet can reach them")  # fmt: skip
+        print("warning: --publish: the services (in a cluster, its balancer) listen on every address of their host, "
+              "and where firewalld runs (Chameleon's images) deploy opens their ports to everyone: Chameleon's bare "
+              "metal has no security groups, so anyone on the internet can reach them; `fab teardown` closes them, "
+              "and so does a `fab deploy` without --publish")  # fmt: skip
     result = run_deploy(settings, state, print, check=check, cluster=cluster, balancer=lb_node)
     if check:
         print(f"check mode: {result.total_changed} change(s) would be made; nothing was changed")

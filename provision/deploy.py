@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision import cluster as clusters
-from provision import config, runtimes, targets
+from provision import config, firewall, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookResult, run_playbook
 from provision.host.layout import LIB_DIR
@@ -102,6 +102,8 @@ def extravars(settings: dict, state: state_module.State, cluster: dict | None = 
     home = deploy_dir(settings, state)
     cluster = clusters.of(state) if cluster is None else cluster
     bind_addresses = clusters.bind_addresses(settings["bind_address"], state, cluster)
+    # Where firewalld runs: what this deployment needs open, and what an earlier one opened that it does not.
+    needed = firewall.openings(state, cluster, settings["ports"], settings["bind_address"])
     return {
         "lab_runtime": state.runtime,
         "lab_runtime_tasks": runtimes.tasks_folder(state.runtime),  # the runtime's task files, included by the plays
@@ -125,6 +127,8 @@ def extravars(settings: dict, state: state_module.State, cluster: dict | None = 
         "lab_pip_extra_args": serving_pins(settings, state)[1],
         "lab_docker": dict(settings["docker"]),
         "lab_docker_environment": docker_environment(settings),
+        "lab_firewall_open": needed,
+        "lab_firewall_close": firewall.no_longer_needed(firewall.recorded(state), needed),
     }
 
 
@@ -167,6 +171,8 @@ def deploy(
         "bind_address": variables["lab_bind_address"],
         "bind_addresses": variables["lab_bind_addresses"],
         "cluster": plan,
+        # What may be open once it runs: teardown closes all of it.
+        "firewall": firewall.union(firewall.recorded(state), variables["lab_firewall_open"]),
     }
     state_module.save(state)
     result = run_playbook("deploy.yml", variables, say, forks=forks)
@@ -179,6 +185,7 @@ def deploy(
         "bind_address": variables["lab_bind_address"],
         "bind_addresses": variables["lab_bind_addresses"],
         "cluster": plan,
+        "firewall": variables["lab_firewall_open"],
         "smoke_weights": staged["smoke_weights"],
     }
     state.record(f"deployed ({result.total_changed} changes)")

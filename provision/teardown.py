@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 
-from provision import hosts, inventory, targets
+from provision import firewall, hosts, inventory, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, run_playbook
 from provision.deploy import bundle_dir, extravars
@@ -26,7 +26,9 @@ def teardown(settings: dict, state: state_module.State | None, say: Callable[[st
     if state.hosts and state.deploy:
         say(f"stopping services and removing the deployment on {len(state.hosts)} host(s)")
         try:
-            run_playbook("teardown.yml", extravars(settings, state), say)
+            # Every opening the deploys recorded is closed, whatever the settings say now.
+            closing = {"lab_firewall_open": {}, "lab_firewall_close": firewall.recorded(state)}
+            run_playbook("teardown.yml", extravars(settings, state) | closing, say)
         except PlaybookError as error:
             if not purge and not targets.release_deletes_hosts(state.target):
                 raise TeardownError(

@@ -12,10 +12,17 @@ The node image (`debootstrap --variant=minbase`, bookworm) holds what a fresh
 Debian server has plus what the process runtime reads from the system: sshd,
 sudo, libpython3.11 and HAProxy (Debian's package, as the balancer role would
 install it with apt: a container of this engine may have no route to a mirror).
+
+Each node runs firewalld as Chameleon's CC images do: its default zone allows
+ssh (and dhcpv6-client) only, so a node's services are unreachable from the
+other nodes until the deploy opens them (role firewall). firewalld talks over
+the system D-Bus and filters the container's own network namespace with
+nftables (the container gets CAP_NET_ADMIN for it).
 """
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
@@ -25,11 +32,19 @@ from pathlib import Path
 import docker_engine
 from docker_engine import PROJECT_ROOT, docker, has_image, import_debian_root
 
-NODE_IMAGE = "triton-lab-standin/node:bookworm"
+NODE_IMAGE = "triton-lab-standin/node:bookworm-firewalld"
 NODE_PACKAGES = (
     "python3", "openssh-server", "sudo", "libpython3.11", "ca-certificates", "libb64-0d", "haproxy",
-    "procps", "iproute2",
+    "procps", "iproute2", "firewalld", "dbus", "netbase",  # netbase: /etc/protocols, which firewalld reads
+    "libpam-systemd",  # firewalld -> polkitd -> a logind; debootstrap resolves no alternatives itself
 )  # fmt: skip
+# The node's start: D-Bus, firewalld (ready when firewall-cmd says so), then sshd in the foreground.
+NODE_START = """
+mkdir -p /run/sshd /run/dbus && ssh-keygen -A && dbus-daemon --system --fork && firewalld
+for _ in $(seq 150); do firewall-cmd --state >/dev/null 2>&1 && break; sleep 0.2; done
+firewall-cmd --state || { echo "firewalld did not start" >&2; exit 1; }
+exec /usr/sbin/sshd -D -e
+"""
 NETWORK = "triton-lab-cluster"
 WHEELS = PROJECT_ROOT / ".runtime" / "wheels"
 TRITON_WHEEL_REQUIREMENT = "nvidia-pytriton==0.7.0"
@@ -80,8 +95,8 @@ def start_nodes(count: int, public_key: Path, prefix: str = "triton-lab-node") -
         mounts = [f"--volume={path}:{path}:ro" for path in sorted(read_only)]
         docker(
             "run", "--detach", "--name", name, "--hostname", f"node-{index}", "--network", NETWORK,
-            f"--volume={public_key}:/root/.ssh/authorized_keys:ro", *mounts, NODE_IMAGE,
-            "sh", "-c", "mkdir -p /run/sshd && ssh-keygen -A && exec /usr/sbin/sshd -D -e",
+            "--cap-add=NET_ADMIN", "--cap-add=NET_RAW",
+            f"--volume={public_key}:/root/.ssh/authorized_keys:ro", *mounts, NODE_IMAGE, "sh", "-c", NODE_START,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         address = docker(
@@ -94,7 +109,7 @@ def start_nodes(count: int, public_key: Path, prefix: str = "triton-lab-node") -
     return nodes
 
 
-def wait_for_sshd(node: Node, timeout_s: float = 30) -> None:
+def wait_for_sshd(node: Node, timeout_s: float = 60) -> None:
     import socket
 
     deadline = time.monotonic() + timeout_s
@@ -121,6 +136,31 @@ def docker_exec(node: Node) -> list[str]:
 def in_node(node: Node, command: str) -> subprocess.CompletedProcess:
     """Run a shell command in the node (not over SSH: what the test checks behind the pipeline's back)."""
     return docker("exec", node.name, "sh", "-c", command, check=False, capture_output=True)
+
+
+def firewall_openings(node: Node) -> dict[str, set[str]]:
+    """What the node's firewalld opens beyond its defaults, in its running and its permanent
+    configuration: {"running": {"9000/tcp", 'rule family="ipv4" source address=... accept', ...}, "permanent": ...}."""
+    found = {}
+    for configuration, option in (("running", ""), ("permanent", "--permanent")):
+        listed = in_node(node, f"firewall-cmd {option} --list-ports && firewall-cmd {option} --list-rich-rules")
+        assert listed.returncode == 0, listed.stderr
+        ports, *rules = listed.stdout.splitlines() or [""]
+        found[configuration] = set(ports.split()) | {rule for rule in rules if rule.strip()}
+    return found
+
+
+def inference_count_in(node: Node, address: str, model: str) -> int:
+    """How many inferences of `model` the Triton at address (host:port) has served, asked from inside
+    the node (the controller is no cluster node: firewalld keeps it out)."""
+    script = (
+        "import json, urllib.request; "
+        f"stats = json.load(urllib.request.urlopen('http://{address}/v2/models/{model}/stats')); "
+        "print(stats['model_stats'][0]['inference_count'])"
+    )
+    asked = in_node(node, f"python3 -c {shlex.quote(script)}")
+    assert asked.returncode == 0, asked.stderr
+    return int(asked.stdout.strip())
 
 
 if __name__ == "__main__":  # python tests/cluster_nodes.py: build the node image ahead of the tests

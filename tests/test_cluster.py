@@ -1,31 +1,36 @@
 """Several hosts at once, for real: two nodes (sshd in containers on a Docker bridge network,
-tests/cluster_nodes.py), the ssh target, the process runtime.
+tests/cluster_nodes.py), the ssh target, the process runtime. Each node runs firewalld allowing
+ssh only, as Chameleon's images do: the deploy opens what a cluster needs, teardown closes it.
 
 Side by side: provision two hosts -> one host's deploy fails: the error names it, the other
 host finished -> deploy again: both serve -> deploy --cluster --lb-node (the second node):
 the balancer on a node of its own, the first its one backend -> bench --cluster measures the
 first alone and through the balancer, none of it reaches the second -> teardown: nothing of
-ours left on either node.
+ours left on either node, their firewalls as they were.
 
-A cluster: deploy --cluster -> status shows the balancer and both backends UP -> bench --cluster
-writes the report's cluster section (each node alone, then through the balancer) -> requests
-through the balancer (over fab tunnel) reach both nodes -> one node's Triton stopped: status
-says it is DOWN, requests still succeed -> teardown: no balancer, nothing left on either node.
+A published cluster: deploy --cluster --publish -> each backend's Triton is open to the balancer's
+node only, the balancer's ports to everyone -> status shows the balancer and both backends UP ->
+bench --cluster writes the report's cluster section (each node alone, then through the balancer)
+-> requests through the balancer (over fab tunnel) reach both nodes -> one node's Triton stopped:
+status says it is DOWN, requests still succeed -> teardown: no balancer, nothing left on either
+node, every opening closed.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import cluster_nodes
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
-from helpers import APIS, classify, inference_count, status_once
+from helpers import APIS, classify, status_once
 
 from provision import sample_images
 
@@ -40,6 +45,25 @@ def nodes(tmp_path_factory):
     started = cluster_nodes.start_nodes(2, key.with_suffix(".pub"))
     yield key, started
     cluster_nodes.stop_nodes(started)
+
+
+def rich_rule(source: str, port: int) -> str:
+    """A rich rule as firewall-cmd --list-rich-rules shows it."""
+    return f'rule family="ipv4" source address="{source}" port port="{port}" protocol="tcp" accept'
+
+
+def assert_nothing_opened(nodes) -> None:
+    for node in nodes:
+        assert cluster_nodes.firewall_openings(node) == {"running": set(), "permanent": set()}, node.name
+
+
+def refused_from_here(address: str, port: int) -> bool:
+    """Whether this machine (the controller, no cluster node) cannot connect: firewalld rejects it."""
+    try:
+        socket.create_connection((address, port), timeout=5).close()
+    except OSError:
+        return True
+    return False
 
 
 def provision_args(key, nodes) -> list[str]:
@@ -71,6 +95,7 @@ def test_hosts_are_deployed_side_by_side_and_a_failure_names_its_host_then_balan
 
     deployed = lab.fab("deploy", timeout=1500)
     assert "deploy complete" in deployed.stdout
+    assert_nothing_opened((first, second))  # services on 127.0.0.1 need no opening
     for node in (first, second):  # both hosts' lines, each with its time
         assert f"  {node.address}: " in deployed.stdout and " s\n" in deployed.stdout
     status = lab.fab("status").stdout
@@ -78,7 +103,12 @@ def test_hosts_are_deployed_side_by_side_and_a_failure_names_its_host_then_balan
 
     # The deployed hosts become a cluster whose balancer has the second node to itself: the first
     # node is its one backend, and the bench measures that node alone and through the balancer.
-    lab.fab("deploy", "--cluster", "--lb-node", second.address, timeout=1500)
+    clustered = lab.fab("deploy", "--cluster", "--lb-node", second.address, timeout=1500).stdout
+    http, grpc = lab.ports["triton_http"], lab.ports["triton_grpc"]
+    expected = {rich_rule(second.address, http), rich_rule(second.address, grpc)}  # from the balancer's node only
+    assert cluster_nodes.firewall_openings(first) == {"running": expected, "permanent": expected}
+    assert f"firewalld runs: open {http}/tcp from {second.address}; {grpc}/tcp from {second.address}" in clustered
+    assert cluster_nodes.firewall_openings(second) == {"running": set(), "permanent": set()}
     status = status_once(lab, [f"  {api} backends: {first.address} UP\n" for api in APIS])  # not the second's
     assert f"balancer: haproxy on {second.address} (a node of its own: its Triton gets no requests)" in status
     bench = lab.fab("bench", "--cluster", "--quick", "--model", "food_classifier", timeout=1200)
@@ -88,7 +118,7 @@ def test_hosts_are_deployed_side_by_side_and_a_failure_names_its_host_then_balan
     assert cluster["nodes"] == [first.address] and cluster["clients"] == 1
     levels = cluster["models"]["food_classifier"]["levels"]
     assert all(row["throughput"] > 0 and list(row["nodes_alone"]) == [first.address] for row in levels), levels
-    assert inference_count(f"{second.address}:{lab.ports['triton_http']}", "food_classifier") == 0, (
+    assert cluster_nodes.inference_count_in(second, f"{second.address}:{http}", "food_classifier") == 0, (
         "no request reached it"
     )
 
@@ -97,13 +127,25 @@ def test_hosts_are_deployed_side_by_side_and_a_failure_names_its_host_then_balan
         left = cluster_nodes.in_node(node, f"ls {lab.root / 'deploy-remote'} 2>&1; pgrep -a 'haproxy|tritonserver'")
         assert "No such file" in left.stdout and "tritonserver" not in left.stdout, left.stdout
         assert "haproxy" not in left.stdout, left.stdout
+    assert_nothing_opened((first, second))
 
 
 def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_out(lab, nodes):
     key, (first, second) = nodes
     lab.extra_env["FABRIC_LAB_TRITON_WHEEL"] = str(cluster_nodes.triton_wheel())
     lab.fab(*provision_args(key, (first, second)))
-    lab.fab("deploy", "--cluster", timeout=1500)
+    deployed = lab.fab("deploy", "--cluster", "--publish", timeout=1500)
+    assert "deploy opens their ports to everyone" in deployed.stdout
+
+    # The balancer (on the first node) is open to everyone; the second node's Triton to the first only.
+    http, grpc = lab.ports["triton_http"], lab.ports["triton_grpc"]
+    balancer_ports = {f"{lab.ports[name]}/tcp" for name in ("balancer_http", "balancer_grpc", "balancer_stats")}
+    assert cluster_nodes.firewall_openings(first) == {"running": balancer_ports, "permanent": balancer_ports}
+    backend = {rich_rule(first.address, http), rich_rule(first.address, grpc)}
+    assert cluster_nodes.firewall_openings(second) == {"running": backend, "permanent": backend}
+    assert refused_from_here(second.address, http), "the controller is no cluster node: firewalld rejects it"
+    published = f"http://{first.address}:{lab.ports['balancer_http']}/v2/health/ready"
+    assert urllib.request.urlopen(published, timeout=10).status == 200, "the published balancer answers anyone"
 
     # gRPC's servers are checked on their HTTP port, as HTTP's are.
     status = status_once(lab, [f"  {api} backends: {first.address} UP, {second.address} UP\n" for api in APIS])
@@ -121,9 +163,11 @@ def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_o
     assert 0 < cluster["models"]["food_classifier"]["efficiency"]
     assert f"- food_classifier: {cluster['models']['food_classifier']['efficiency']:.2f}" in report
 
-    # Each node's Triton listens on its cluster address (here: where the test reaches it too).
-    http = lab.ports["triton_http"]
-    before = {node.name: inference_count(f"{node.address}:{http}", "food_classifier") for node in (first, second)}
+    # Each node's Triton listens on its cluster address (asked from the node itself: firewalld keeps this machine out).
+    def served(node) -> int:
+        return cluster_nodes.inference_count_in(node, f"{node.address}:{http}", "food_classifier")
+
+    before = {node.name: served(node) for node in (first, second)}
     tunnel = lab.popen_fab("tunnel")
     try:
         output = ""
@@ -137,7 +181,7 @@ def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_o
         image = sample_images.jpeg()
         for _ in range(12):  # HTTP, through the balancer
             assert classify(through, "food_classifier", [image])[0][0] in FOOD11_LABELS
-        after = {node.name: inference_count(f"{node.address}:{http}", "food_classifier") for node in (first, second)}
+        after = {node.name: served(node) for node in (first, second)}
         assert all(after[name] > before[name] for name in after), (before, after)  # both nodes served some
 
         # One node's Triton stops: the balancer's health check takes it out, requests still succeed.
@@ -153,3 +197,4 @@ def test_a_cluster_answers_through_one_balancer_that_takes_a_node_that_is_down_o
     for node in (first, second):
         left = cluster_nodes.in_node(node, f"ls {lab.root / 'deploy-remote'} 2>&1; pgrep -a 'haproxy|tritonserver'")
         assert "No such file" in left.stdout and "haproxy" not in left.stdout, left.stdout
+    assert_nothing_opened((first, second))
