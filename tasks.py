@@ -112,12 +112,22 @@ PROVISION_HELP = {
     "when the lease's pool has none left)",
     "key_name": "chameleon: key pair name (default derived from your user; uploaded if missing)",
     "public_key": "chameleon: public key to upload (default ~/.ssh/id_rsa.pub)",
+    "lease": "chameleon: a lease you hold (name or id, made in the dashboard or the CLI): launch on it, "
+    "take its node type and count; teardown leaves it",
+    "start": 'chameleon: book the lease ahead, from "YYYY-MM-DD HH:MM" (your time zone) or "earliest" (the next '
+    "free slot); provision returns once it is booked (fab run waits for its start)",
+    "node": "chameleon: reserve this node by name (repeat for several, one host each; the Host Calendar names them)",
+    "resource_property": "chameleon: reserve only nodes with KEY=VALUE (repeatable; Blazar's $KEY == VALUE)",
 }
 
 
 @task(
-    iterable=["host"],
-    help={**PROVISION_HELP, **NO_WAIT_HELP},
+    iterable=["host", "node", "resource_property"],
+    help={
+        **PROVISION_HELP,
+        "wait_for_start": "chameleon: wait for a lease booked ahead to start, then launch (what fab run does)",
+        **NO_WAIT_HELP,
+    },
     auto_shortflags=False,  # with them, --host took -h, and `fab provision -h` provisioned instead of helping
 )
 @_fails_cleanly(ValueError, RuntimeError)
@@ -140,6 +150,11 @@ def provision(
     key_name="",
     public_key="",
     floating_ip="",
+    lease="",
+    start="",
+    wait_for_start=False,
+    node=None,
+    resource_property=None,
     no_wait=False,
 ):
     """Reserve or record the hosts to serve on, and render inventory/hosts.yml.
@@ -161,6 +176,8 @@ def provision(
         "runtime": runtime,
         "site": site, "node_type": node_type, "image": image, "hours": hours, "count": count,
         "key_name": key_name, "public_key": public_key, "private_key": key, "floating_ip": floating_ip,
+        "lease": lease, "start": start, "wait_for_start": wait_for_start, "node": node or [],
+        "resource_property": resource_property or [],
     }  # fmt: skip
     # Ctrl-C or SIGTERM (a closed terminal, a batch scheduler) ends a provision where it is.
     try:
@@ -178,6 +195,8 @@ def provision(
             "`fab teardown` releases what exists",
             code=INTERRUPTED,
         ) from None
+    if not new_state.hosts:  # a reservation booked ahead: the target said when it starts and what to run then
+        return
     print(f"inventory: {inventory.render(new_state)}")
     print("next: fab deploy")
 
@@ -213,6 +232,13 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
     from provision.deploy import deploy as run_deploy
 
     state = _state()
+    if not state.hosts:  # a reservation booked ahead: its hosts come once it has started
+        booked = targets.booked_ahead(state.target, state)
+        if booked:
+            raise Exit(f"error: no host yet: {booked['lease']}; deploy after its start (fab status shows the wait)")
+        print(f"no host yet: launching on the {state.target} reservation first (fab provision)")
+        provision(c, target=state.target)
+        state = _state()
     settings = _settings(c)
     if models_from:
         tuned = read_tuned(models_from)
@@ -310,12 +336,14 @@ def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_
 
 
 @task(
-    iterable=["host", "model"],
+    iterable=["host", "node", "resource_property", "model"],
     help={
         **PROVISION_HELP,
         "quick": "short measurements (a smoke run)",
         "model": "benchmark only this model (repeatable)",
         "keep": "leave the deployment running afterwards (no teardown)",
+        "release_lease": "chameleon: the teardown deletes a lease you brought (--lease) too; a Ctrl-C while "
+        "waiting for a lease this run booked (--start) deletes it, instead of leaving it booked",
         **CLUSTER_HELP,
         "cluster": "deploy the hosts behind one load balancer and bench them as one (fab deploy/bench --cluster)",
         **NO_WAIT_HELP,
@@ -342,6 +370,11 @@ def run(
     key_name="",
     public_key="",
     floating_ip="",
+    lease="",
+    start="",
+    node=None,
+    resource_property=None,
+    release_lease=False,
     quick=False,
     model=None,
     keep=False,
@@ -365,7 +398,7 @@ def run(
     # provision's own flags, as given (PROVISION_HELP names exactly them)
     provision_options = {name: value for name, value in locals().items() if name in PROVISION_HELP}
     stages = {
-        "provision": lambda: provision(c, **provision_options),
+        "provision": lambda: provision(c, **provision_options, wait_for_start=True),  # a lease booked ahead
         "deploy": lambda: deploy(c, cluster=cluster, lb_node=lb_node),
         "bench": lambda: bench(c, quick=quick, model=model, cluster=cluster),
     }
@@ -396,7 +429,7 @@ def run(
             bug = traceback.format_exc()
         else:
             finish()
-        return _finish_run(c, keep, results, results_before, failed, message, code, bug)
+        return _finish_run(c, keep, results, results_before, failed, message, code, bug, release_lease)
 
 
 FINISHING = "fab run: teardown is finishing; it is not interrupted"
@@ -427,9 +460,20 @@ class _PipeSafe:
 
 
 def _finish_run(
-    c, keep: bool, results, results_before: set, failed: str | None, message: str, code: int, bug: str = ""
+    c,
+    keep: bool,
+    results,
+    results_before: set,
+    failed: str | None,
+    message: str,
+    code: int,
+    bug: str = "",
+    release_lease: bool = False,
 ) -> None:
     """fab run after its stages: mark a partial bench, tear down unless --keep, say how it ended.
+
+    Interrupted while it waits for a lease booked ahead, the run leaves the lease booked (the user
+    may come back at its start), unless the run booked it and --release-lease asks to delete it.
     """
     # A bench that did not finish has no summary.json; one the lease stopped wrote its own PARTIAL.md.
     partial = [
@@ -441,10 +485,21 @@ def _finish_run(
             (folder / "PARTIAL.md").write_text(f"# Partial run\n\nThe bench did not finish: {message}\n")
 
     torn_down = "kept (--keep): `fab teardown` removes it"
+    state = state_module.load()
+    booked = targets.booked_ahead(state.target, state) if state is not None and code == INTERRUPTED else {}
+    if booked and not keep:
+        if release_lease and booked["ours"]:
+            print(f"fab run: interrupted while waiting: deleting {booked['lease']}, as --release-lease asks")
+        else:
+            keep = True
+            torn_down = (
+                f"not started: {booked['lease']} stays booked; `fab provision --target {state.target}` after its "
+                "start continues, `fab teardown` releases it"
+            )
     if not keep:
         print("== fab run: teardown", flush=True)
         try:
-            teardown(c)
+            teardown(c, release_lease=release_lease)
             torn_down = "torn down"
         except Exit as error:
             torn_down = f"teardown failed: {error.message}; run `fab teardown` again"
@@ -472,14 +527,20 @@ def _run_folders(root) -> list:
     return [folder for folder in root.iterdir() if folder.is_dir() and folder.name != "compare"]
 
 
-@task(help={"purge": "forget the local state even if cleaning the hosts or the cloud fails", **NO_WAIT_HELP})
+@task(
+    help={
+        "purge": "forget the local state even if cleaning the hosts or the cloud fails",
+        "release_lease": "chameleon: delete a lease you brought with provision --lease too (it is left otherwise)",
+        **NO_WAIT_HELP,
+    }
+)
 @_fails_cleanly(TeardownError)
 @_one_at_a_time
-def teardown(c, purge=False, no_wait=False):
+def teardown(c, purge=False, release_lease=False, no_wait=False):
     """Stop everything, remove what deploy installed, release cloud resources, verify, clear the state."""
     from provision.teardown import teardown as run_teardown
 
-    run_teardown(_settings(c), state_module.load(), print, purge=purge)
+    run_teardown(_settings(c), state_module.load(), print, purge=purge, release_lease=release_lease)
 
 
 @task

@@ -18,7 +18,14 @@ class TeardownError(RuntimeError):
     pass
 
 
-def teardown(settings: dict, state: state_module.State | None, say: Callable[[str], None] = print, purge=False) -> None:
+def teardown(
+    settings: dict,
+    state: state_module.State | None,
+    say: Callable[[str], None] = print,
+    purge: bool = False,
+    release_lease: bool = False,
+) -> None:
+    """release_lease: a lease the user brought (provision --lease) is deleted too, not left."""
     if state is None:
         say("nothing is provisioned: nothing to tear down")
         inventory.remove()
@@ -47,7 +54,7 @@ def teardown(settings: dict, state: state_module.State | None, say: Callable[[st
     # Addresses that go back to the cloud's pool: the next node behind one has another key.
     released = [(host.address, host.port) for host in state.hosts] if targets.release_deletes_hosts(state.target) else []
     try:
-        targets.release(state.target, state, settings, save, say)
+        targets.release(state.target, state, settings, save, say, {"release_lease": release_lease})
     except Exception as error:
         if not purge:
             raise TeardownError(

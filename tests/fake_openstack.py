@@ -30,7 +30,10 @@ the request is served as usual:
 
 States move on as the client polls: a lease is PENDING for `lease_polls_to_active`
 GETs, a server BUILD for `server_polls_to_active`; with the defaults both answer
-their terminal state at once, so python-chi's 5 s wait loops never sleep.
+their terminal state at once, so python-chi's 5 s wait loops never sleep. A lease
+booked ahead stays PENDING until its start, then is STARTING for a poll, then
+ACTIVE; `advance(hours)` moves the fake's clock there without waiting.
+`book_lease()` makes a lease as the dashboard does (of this project or another).
 """
 
 from __future__ import annotations
@@ -59,8 +62,12 @@ LEASE_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"  # what Blazar answers
 CREATED_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
+_clock_shift = timedelta(0)  # FakeOpenStack.advance(): the fake's time runs ahead of the real one
+
+
 def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+    """The fake's time (naive UTC, as Blazar keeps it)."""
+    return datetime.now(timezone.utc).replace(tzinfo=None) + _clock_shift
 
 
 def _parse_api_date(text: str) -> datetime:
@@ -81,6 +88,19 @@ class HTTPError(Exception):
         super().__init__(code)
         self.code = code
         self.body = body
+
+
+def _matches(host: dict, properties: list) -> bool:
+    """Whether a host has what a reservation's resource_properties ask, in Blazar's syntax:
+    [] (any host), ["==", "$node_type", "gpu_p100"] ("=" as well), ["and", A, B, ...]."""
+    if not properties:
+        return True
+    operator, *operands = properties
+    if operator == "and":
+        return all(_matches(host, operand) for operand in operands)
+    if operator in ("==", "=") and len(operands) == 2 and str(operands[0]).startswith("$"):
+        return str(host.get(operands[0][1:])) == str(operands[1])
+    raise HTTPError(400, {"error_code": 400, "error_message": f"Malformed resource property: {properties}"})
 
 
 def _blazar_error(name: str, message: str) -> HTTPError:
@@ -134,8 +154,15 @@ class FakeOpenStack:
             )
         self.images["img-cuda"]["build-repo"] = "https://github.com/ChameleonCloud/cc-images"
         self.flavors = {"flv-bm": {"id": "flv-bm", "name": "baremetal"}}
+        # Chameleon's hosts carry their node type and a name of their own (node_name), which a
+        # reservation can ask for: the course books its P100 node by name.
         self.hosts = [
-            {"id": f"host-{node_type}-{i}", "hypervisor_hostname": f"{node_type}-{i}", "node_type": node_type}
+            {
+                "id": f"host-{node_type}-{i}",
+                "hypervisor_hostname": f"{node_type}-{i}",
+                "node_type": node_type,
+                "node_name": f"{node_type.upper().replace('_', '-')}-{i + 1:03d}",
+            }
             for node_type, count in self.node_types.items()
             for i in range(count)
         ]
@@ -165,6 +192,8 @@ class FakeOpenStack:
         return self
 
     def stop(self) -> None:
+        global _clock_shift
+        _clock_shift = timedelta(0)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -219,6 +248,12 @@ class FakeOpenStack:
                     fault["left"] -= 1
                     return fault["kind"]
         return None
+
+    def advance(self, hours: float) -> None:
+        """Move the fake's clock `hours` ahead (it never goes back): a lease booked for then starts,
+        without the test waiting for it."""
+        global _clock_shift
+        _clock_shift += timedelta(hours=hours)
 
     def block_hosts(self, node_type: str, hours: float) -> datetime:
         """Another user reserves every host of `node_type` from now for `hours`; returns the end."""
@@ -385,12 +420,14 @@ class FakeOpenStack:
         view["updated_at"] = None
         return view
 
-    def _free_hosts(self, node_type: str, start: datetime, end: datetime) -> list[dict]:
+    def _free_hosts(self, properties: list, start: datetime, end: datetime) -> list[dict]:
+        """The hosts that match a reservation's resource_properties and no lease holds between start and end."""
         busy = {host_id for host_id, s, e in self.foreign_allocations if s < end and start < e}
         for lease in self.leases.values():
-            for reservation in lease["reservations"]:
-                busy.update(reservation.get("_hosts", []))
-        return [host for host in self.hosts if host["node_type"] == node_type and host["id"] not in busy]
+            if lease["start_date"] < end and start < lease["end_date"]:
+                for reservation in lease["reservations"]:
+                    busy.update(reservation.get("_hosts", []))
+        return [host for host in self.hosts if _matches(host, properties) and host["id"] not in busy]
 
     def _blazar(self, method, path, query, body, headers):
         if path in ("/", ""):
@@ -412,8 +449,9 @@ class FakeOpenStack:
                 }
             }
         path = path.removeprefix("/v1")
-        if path == "/leases" and method == "GET":
-            return 200, {"leases": [self._lease_view(lease) for lease in self.leases.values()]}
+        if path == "/leases" and method == "GET":  # a project sees its own leases only
+            own = [lease for lease in self.leases.values() if lease["project_id"] == PROJECT_ID]
+            return 200, {"leases": [self._lease_view(lease) for lease in own]}
         if path == "/leases" and method == "POST":
             return self._create_lease(body)
         match = re.fullmatch(r"/leases/([^/]+)", path)
@@ -426,6 +464,16 @@ class FakeOpenStack:
                         "error_code": 404,
                         "error_name": "LeaseNotFound",
                         "error_message": f"Object with {{'lease_id': '{match.group(1)}'}} not found",
+                    },
+                )
+            if lease["project_id"] != PROJECT_ID:  # Blazar's policy: admin or owner
+                action = {"GET": "get", "PUT": "put", "DELETE": "delete"}.get(method, method.lower())
+                raise HTTPError(
+                    403,
+                    {
+                        "error_code": 403,
+                        "error_name": "PolicyNotAuthorized",
+                        "error_message": f"Policy doesn't allow blazar:leases:{action} to be performed.",
                     },
                 )
             if method == "GET":
@@ -479,11 +527,54 @@ class FakeOpenStack:
             return 200, {"allocations": allocations}
         raise HTTPError(404, {"error": f"blazar: no route for {method} {path}"})
 
-    def _create_lease(self, body):
+    def book_lease(
+        self,
+        name: str,
+        node_type: str = "gpu_p100",
+        count: int = 1,
+        hours: float = 24,
+        start: datetime | None = None,
+        floating_ips: int = 0,
+        node_name: str = "",
+        project_id: str = PROJECT_ID,
+    ) -> dict:
+        """A lease made outside our tool, as the dashboard makes one: `count` nodes by node type (and a
+        node's name), from `start` (default now) for `hours`, with `floating_ips` reserved addresses; of
+        our project or another's. Returns Blazar's view of it."""
+        start = start or _now()
+        conditions = [["==", "$node_type", node_type]] + ([["==", "$node_name", node_name]] if node_name else [])
+        properties = conditions[0] if len(conditions) == 1 else ["and", *conditions]
+        reservations = [  # count 0: a lease of addresses only
+            {
+                "resource_type": "physical:host",
+                "min": count,
+                "max": count,
+                "resource_properties": json.dumps(properties),
+                "hypervisor_properties": "",
+            }
+        ][: 1 if count else 0]
+        if floating_ips:
+            reservations.append(
+                {"resource_type": "virtual:floatingip", "network_id": "net-public", "amount": floating_ips}
+            )
+        body = {
+            "name": name,
+            "start_date": start.strftime("%Y-%m-%d %H:%M"),
+            "end_date": (start + timedelta(hours=hours)).strftime("%Y-%m-%d %H:%M"),
+            "reservations": reservations,
+            "events": [],
+        }
+        with self.lock:
+            _, answer = self._create_lease(body, project_id=project_id)
+            lease = self.leases[answer["lease"]["id"]]
+            self._advance_lease(lease)
+            return self._lease_view(lease)
+
+    def _create_lease(self, body, project_id: str = PROJECT_ID):
         if self.fail.get("lease_create") == "restricted_credential":
             # Blazar makes a Keystone trust for the lease; a restricted application credential may not.
             raise _blazar_error("BlazarException", "An unknown exception occurred")
-        if any(lease["name"] == body["name"] for lease in self.leases.values()):
+        if any(lease["name"] == body["name"] and lease["project_id"] == project_id for lease in self.leases.values()):
             raise HTTPError(
                 409,
                 {
@@ -505,9 +596,8 @@ class FakeOpenStack:
             }
             if request["resource_type"] == "physical:host":
                 properties = json.loads(request.get("resource_properties") or "[]")
-                node_type = properties[2] if len(properties) == 3 and properties[1] == "$node_type" else None
                 count = int(request["min"])
-                free = self._free_hosts(node_type, start, end)
+                free = self._free_hosts(properties, start, end)
                 if self.fail.get("lease_create") == "no_hosts" or len(free) < count:
                     raise _blazar_error("NotEnoughHostsAvailable", "Not enough hosts available")
                 reservation.update(
@@ -540,8 +630,8 @@ class FakeOpenStack:
             "start_date": start,
             "end_date": end,
             "created_at": _now(),
-            "user_id": USER_ID,
-            "project_id": PROJECT_ID,
+            "user_id": USER_ID if project_id == PROJECT_ID else "u" + "9" * 31,
+            "project_id": project_id,
             "trust_id": "trust",
             "reservations": reservations,
             "events": [],
@@ -552,7 +642,10 @@ class FakeOpenStack:
 
     def _advance_lease(self, lease: dict) -> None:
         """PENDING -> ACTIVE (creating the reserved floating IPs) after some polls, or -> ERROR if injected."""
-        if lease["status"] != "PENDING":
+        if lease["status"] not in ("PENDING", "STARTING") or lease["start_date"] > _now():  # pending until its start
+            return
+        if lease["status"] == "PENDING" and lease["start_date"] > lease["created_at"]:
+            lease["status"] = "STARTING"  # booked ahead, its start has come: Blazar starts it
             return
         polls = self._poll_counts[lease["id"]] = self._poll_counts.get(lease["id"], 0) + 1
         if polls <= self.lease_polls_to_active:

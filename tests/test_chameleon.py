@@ -23,7 +23,13 @@ import pytest
 
 from provision import state as state_module
 from provision.targets import chameleon as target
-from provision.targets.chameleon.cloud import ChameleonError, CredentialsError, NoHostsError, check_credentials
+from provision.targets.chameleon.cloud import (
+    ChameleonError,
+    CredentialsError,
+    LeaseNotUsable,
+    NoHostsError,
+    check_credentials,
+)
 from tests import fake_openstack
 from tests.fake_openstack import FakeOpenStack
 
@@ -201,13 +207,17 @@ def test_two_nodes_get_two_servers_and_two_addresses(fake, settings):
     assert fake.held() == ZERO
 
 
-def test_no_free_node_says_what_to_do_and_holds_nothing(fake, settings):
+def test_no_free_node_says_what_to_do_at_this_site_and_holds_nothing(fake, settings):
+    fake.hosts.append({"id": "host-nv", "hypervisor_hostname": "nv", "node_type": "gpu_p100_nvlink"})
+    fake.hosts.append({"id": "host-cpu", "hypervisor_hostname": "cpu", "node_type": "compute_skylake"})
     busy_until = fake.block_hosts("gpu_p100", hours=5)
     with pytest.raises(NoHostsError) as caught:
         provision(settings)
     message = str(caught.value)
-    assert "Not enough hosts available" in message
-    assert "another site" in message and "another node type" in message and "later" in message
+    assert "Not enough hosts available" in message and "later" in message
+    assert "another node type here (--node-type gpu_p100_nvlink)" in message, "the site's other GPU nodes only"
+    assert "book a slot ahead in the dashboard and work in it (fab provision --lease NAME)" in message
+    assert "--site" not in message and "another site" not in message, "the P100s are at this site only"
     assert f"{busy_until:%Y-%m-%d %H:%M}" in message  # the next free slot, from Blazar's allocations
     assert caught.value.next_free is not None
     assert fake.held() == ZERO
@@ -664,3 +674,236 @@ def test_leases_that_are_ending_are_never_adopted(fake, settings):
     lease["status"] = "ACTIVE"
     release_from_file(settings)
     assert fake.held() == ZERO
+
+
+# -- a lease the user holds: `fab provision --target chameleon --lease NAME_OR_ID` ---------------------------
+# Made in the dashboard, of another project, ended, booked ahead, without a node. Provision launches
+# on it and teardown leaves it (unless --release-lease).
+
+OTHER_PROJECT = "p" + "7" * 31
+
+
+def lease_creates(fake) -> list:
+    return [path for method, path in creates(fake) if path.endswith("/leases")]
+
+
+def release_with(settings, **options):
+    recorder = Recorder()
+    state = state_module.load()
+    target.release(state, settings, recorder.save, recorder.say, options)
+    return state, recorder
+
+
+def test_a_lease_booked_in_the_dashboard_is_worked_on_and_left_at_teardown(fake, settings):
+    booked = fake.book_lease("my-p100-slot", floating_ips=1, hours=6)
+    state, recorder = provision(settings, {"lease": "my-p100-slot"})
+
+    assert lease_creates(fake) == [], "no second lease"
+    assert fake.held() == {"leases": 1, "servers": 1, "floatingips": 1}
+    lease = state.chameleon["lease"]
+    assert (lease["id"], lease["ours"], lease["node_type"], lease["node_count"]) == (booked["id"], False, "gpu_p100", 1)
+    [server] = fake.servers.values()
+    assert server["_reservation"] == lease["node_reservation_id"]
+    assert state.chameleon["servers"][0]["floating_ip_source"] == "lease", "the lease's reserved address"
+    assert f"using your lease my-p100-slot ({booked['id']}): 1 x gpu_p100, ACTIVE" in recorder.text
+    assert "its reserved floating IPs" in recorder.text
+
+    status = "\n".join(target.status_lines(state, settings))
+    assert "lease my-p100-slot (yours: teardown leaves it) on CHI@TACC: ACTIVE" in status
+    end = target.deadline(state, settings)
+    target.extend(state, settings, 2, Recorder().save, Recorder().say)
+    assert target.deadline(state, settings) - end == timedelta(hours=2), "extend and the bench's guard work on it"
+
+    _, recorder = release_with(settings)
+    assert fake.held() == {"leases": 1, "servers": 0, "floatingips": 1}, "the lease and its address stay"
+    assert f"left your lease my-p100-slot ({booked['id']}) as it is" in recorder.text
+    assert "`fab teardown --release-lease` deletes it" in recorder.text
+    assert "released what provision made on CHI@TACC (verified with the cloud); your lease stays" in recorder.text
+
+
+def test_by_id_without_reserved_addresses_takes_ad_hoc_ones_and_release_lease_deletes_it(fake, settings):
+    booked = fake.book_lease("course-lease")
+    state, recorder = provision(settings, {"lease": booked["id"]})
+    assert state.chameleon["floating_ip"] == "adhoc" and "ad-hoc floating IPs (it reserves none)" in recorder.text
+    assert fake.held() == {"leases": 1, "servers": 1, "floatingips": 1}
+
+    _, recorder = release_with(settings, release_lease=True)
+    assert fake.held() == {"leases": 0, "servers": 0, "floatingips": 0}
+    assert "deleting lease course-lease" in recorder.text
+
+
+def test_a_lease_of_two_nodes_with_one_reserved_address_takes_an_ad_hoc_one_for_the_second(fake, settings):
+    fake.hosts.append({"id": "host-x", "hypervisor_hostname": "x", "node_type": "gpu_p100", "node_name": "P-002"})
+    fake.book_lease("two-nodes", count=2, floating_ips=1)
+    state, _ = provision(settings, {"lease": "two-nodes"})
+    assert [s["floating_ip_source"] for s in state.chameleon["servers"]] == ["lease", "adhoc"]
+    assert len({host.address for host in state.hosts}) == 2
+    release_with(settings)
+    assert fake.held() == {"leases": 1, "servers": 0, "floatingips": 1}, "the ad-hoc address went, the reserved stays"
+
+
+@pytest.mark.parametrize(
+    "make, reference, expected",
+    [
+        (lambda fake: None, "no-such-lease", r"no lease 'no-such-lease' at CHI@TACC: your project's leases there: "
+         r"someone-elses-in-project \(ACTIVE\)\. Give its name or id"),
+        (lambda fake: fake.book_lease("theirs", project_id=OTHER_PROJECT)["id"], None,
+         r"belongs to another project \(Blazar: Policy doesn't allow blazar:leases:get to be performed\.\)"),
+        (lambda fake: "addresses-only" if fake.book_lease("addresses-only", count=0, floating_ips=1) else None,
+         None, r"reserves no node \(its reservations: virtual:floatingip\)"),
+    ],
+    ids=["unknown", "another-project", "no-node"],
+)  # fmt: skip
+def test_a_lease_that_cannot_be_used_gets_one_message_and_nothing_is_made(fake, settings, make, reference, expected):
+    fake.hosts.append({"id": "host-y", "hypervisor_hostname": "y", "node_type": "gpu_p100", "node_name": "P-003"})
+    fake.book_lease("someone-elses-in-project")
+    reference = make(fake) or reference
+    with pytest.raises(LeaseNotUsable, match=expected):
+        provision(settings, {"lease": reference})
+    assert lease_creates(fake) == [] and fake.held()["servers"] == 0
+    assert target.holds_nothing(state_module.load()), "nothing to release: the state is forgotten"
+
+
+def test_an_ended_lease_is_named_with_its_end(fake, settings):
+    booked = fake.book_lease("last-week")
+    fake.leases[booked["id"]]["status"] = "TERMINATED"
+    with pytest.raises(LeaseNotUsable, match=r"lease last-week \(.*\) at CHI@TACC is TERMINATED \(its end: .*\): book"):
+        provision(settings, {"lease": "last-week"})
+
+
+def test_a_lease_you_booked_ahead_is_recorded_until_its_start_then_launched_on(fake, settings):
+    start = fake_openstack._now() + timedelta(hours=3)
+    fake.book_lease("tomorrow-morning", start=start)
+    state, recorder = provision(settings, {"lease": "tomorrow-morning"})
+    assert state.hosts == [] and fake.held()["servers"] == 0
+    assert "lease tomorrow-morning is booked: it starts " in recorder.text and " UTC (" in recorder.text
+    lease = state_module.load().chameleon["lease"]
+    assert lease["status"] == "PENDING" and not lease["ours"]
+    assert datetime.fromisoformat(lease["start"]).replace(tzinfo=None) == start.replace(second=0, microsecond=0)
+    assert "booked ahead: the lease starts " in "\n".join(target.status_lines(state, settings))
+
+    fake.advance(hours=3)  # its start: PENDING -> STARTING -> ACTIVE
+    state, _ = provision(settings)
+    assert len(state.hosts) == 1 and fake.held()["servers"] == 1
+    release_with(settings)
+    assert fake.held()["leases"] == 1, "teardown leaves the booked lease"
+
+
+def test_the_same_lease_again_continues_and_another_is_refused(fake, settings):
+    fake.book_lease("first")
+    provision(settings, {"lease": "first"})
+    _, recorder = provision(settings, {"lease": "first"})
+    assert "already provisioned: nothing new was created" in recorder.text
+    _, recorder = provision(settings)  # without --lease: the recorded one
+    assert "already provisioned: nothing new was created" in recorder.text and lease_creates(fake) == []
+    with pytest.raises(ValueError, match=r"already provisioned on lease first .*`fab teardown` first"):
+        provision(settings, {"lease": "second"})
+
+
+# -- a node by name or property: --node NAME, --resource-property KEY=VALUE ---------------------------------
+
+
+def host_reservations(fake) -> list[dict]:
+    return [r for lease in fake.leases.values() for r in lease["reservations"] if r["resource_type"] == "physical:host"]
+
+
+@pytest.fixture
+def three_p100s(fake):
+    """The fake site with three gpu_p100 hosts, the third with two GPUs (the node a course books by name)."""
+    fake.hosts[:] = [
+        {"id": f"host-{i}", "hypervisor_hostname": f"h{i}", "node_type": "gpu_p100", "node_name": f"P3-GPU-00{i}",
+         "gpu.gpu_count": "2" if i == 3 else "1"}
+        for i in (1, 2, 3)
+    ]  # fmt: skip
+    return fake
+
+
+def test_a_node_asked_by_name_is_the_one_reserved(three_p100s, settings):
+    state, recorder = provision(settings, {"node": ["P3-GPU-002"]})
+    [reservation] = host_reservations(three_p100s)
+    assert json.loads(reservation["resource_properties"]) == ["==", "$node_name", "P3-GPU-002"]
+    assert reservation["_hosts"] == ["host-2"]
+    assert "reserving node(s) P3-GPU-002 at CHI@TACC" in recorder.text
+    assert state.chameleon["nodes"] == ["P3-GPU-002"] and len(state.hosts) == 1
+    release_from_file(settings)
+    assert three_p100s.held() == ZERO
+
+
+def test_two_nodes_by_name_get_a_reservation_and_a_server_each(three_p100s, settings):
+    state, _ = provision(settings, {"node": ["P3-GPU-001", "P3-GPU-003"]})
+    reservations = host_reservations(three_p100s)
+    assert [r["_hosts"] for r in reservations] == [["host-1"], ["host-3"]]
+    assert sorted(s["_reservation"] for s in three_p100s.servers.values()) == sorted(r["id"] for r in reservations)
+    assert len(state.hosts) == 2
+    release_from_file(settings)
+    assert three_p100s.held() == ZERO
+
+
+def test_a_node_the_site_does_not_have_is_named_with_similar_ones_and_nothing_is_made(three_p100s, settings):
+    with pytest.raises(ChameleonError, match=r"no node P3-GPU-009 at CHI@TACC \(similar names: P3-GPU-00"):
+        provision(settings, {"node": ["P3-GPU-009"]})
+    assert creates(three_p100s) == [] and three_p100s.held() == ZERO
+
+
+def test_a_resource_property_narrows_the_nodes_of_the_type(three_p100s, settings):
+    provision(settings, {"resource_property": ["gpu.gpu_count=2"]})
+    [reservation] = host_reservations(three_p100s)
+    assert json.loads(reservation["resource_properties"]) == [
+        "and", ["==", "$node_type", "gpu_p100"], ["==", "$gpu.gpu_count", "2"],
+    ]  # fmt: skip
+    assert reservation["_hosts"] == ["host-3"], "the two-GPU node"
+    release_from_file(settings)
+    with pytest.raises(ValueError, match=r"--resource-property 'gpu_count': use KEY=VALUE"):
+        provision(settings, {"resource_property": ["gpu_count"]})
+
+
+def test_a_node_type_the_site_does_not_have_names_the_site_that_has_it(fake, settings):
+    settings["chameleon"]["node_type"] = "gpu_v100"
+    with pytest.raises(NoHostsError, match=r"CHI@TACC has no gpu_v100 node \(.*\); its node types: gpu_p100\. "
+                       r"it is at CHI@UC: --site CHI@UC with that site's credentials"):  # fmt: skip
+        provision(settings)
+    assert fake.held() == ZERO
+
+
+# -- a lease booked ahead: --start "YYYY-MM-DD HH:MM" | earliest ---------------------------------------------
+
+
+def local_time(from_now: timedelta) -> str:
+    """A --start value: this machine's local time, to the minute."""
+    return (datetime.now() + from_now).strftime("%Y-%m-%d %H:%M")
+
+
+def test_a_later_start_books_a_pending_lease_and_provision_returns_saying_when(fake, settings):
+    asked = local_time(timedelta(hours=5))
+    state, recorder = provision(settings, {"start": asked})
+    [lease] = fake.leases.values()
+    expected = datetime.strptime(asked, "%Y-%m-%d %H:%M").astimezone(timezone.utc).replace(tzinfo=None)
+    assert lease["start_date"] == expected, "the local time, sent in UTC"
+    assert lease["end_date"] - lease["start_date"] == timedelta(hours=3), "the lease's hours from its start"
+    assert lease["status"] == "PENDING" and state.hosts == [] and fake.held()["servers"] == 0
+    assert f"lease triton-lab-alice is booked: it starts {expected:%Y-%m-%d %H:%M} UTC (" in recorder.text
+    assert "in 4 h 5" in recorder.text or "in 5 h 00 min" in recorder.text
+    assert target.booked_ahead(state)["ours"]
+
+    fake.advance(hours=5)
+    state, recorder = provision(settings)  # after its start: the server goes on it
+    assert len(state.hosts) == 1 and "lease triton-lab-alice: ACTIVE" in recorder.text
+    release_from_file(settings)
+    assert fake.held() == ZERO
+
+
+def test_start_earliest_takes_the_next_free_slot_from_blazar_s_calendar(fake, settings):
+    busy_until = fake.block_hosts("gpu_p100", hours=5)
+    _, recorder = provision(settings, {"start": "earliest"})
+    [lease] = fake.leases.values()
+    slot = busy_until.replace(second=0, microsecond=0) + timedelta(minutes=1)  # the minute after the other lease
+    assert lease["start_date"] == slot and lease["status"] == "PENDING"
+    assert f"the earliest slot for 1 x gpu_p100: {slot:%Y-%m-%d %H:%M} UTC" in recorder.text
+
+
+def test_a_start_in_the_past_or_malformed_is_refused_before_anything_is_made(fake, settings):
+    with pytest.raises(ValueError, match=r"is not in the future: leave it out to start now"):
+        provision(settings, {"start": local_time(-timedelta(hours=1))})
+    with pytest.raises(ValueError, match=r'--start \'tomorrow\': use "YYYY-MM-DD HH:MM" \(your time zone\) or earliest'):
+        provision(settings, {"start": "tomorrow"})
+    assert creates(fake) == []

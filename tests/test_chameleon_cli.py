@@ -133,16 +133,22 @@ def cloud_whose_node_is_this_machine(lab, key, ssh_port: int) -> FakeOpenStack:
     return fake
 
 
-def test_bench_keeps_clear_of_the_lease_end(lab, sshd):
+def test_a_lease_you_hold_is_deployed_to_and_benched_clear_of_its_end_and_left_at_teardown(lab, sshd):
     fake = cloud_whose_node_is_this_machine(lab, sshd.key, sshd.port)
+    # The student's lease, booked in the dashboard, with 15 minutes left.
+    booked = fake.book_lease("course-p100", hours=0.25)
     models = ["--model", "food_classifier", "--model", "batching_food_classifier"]
     try:
-        lab.fab(
-            "provision", "--target", "chameleon", "--hours", "0.25", "--runtime", "process", "--user", sshd.user,
-            "--python", "/usr/bin/python3", "--serving-venv", sys.prefix,
-        )  # fmt: skip
+        provisioned = lab.fab(
+            "provision", "--target", "chameleon", "--lease", "course-p100", "--runtime", "process", "--user",
+            sshd.user, "--python", "/usr/bin/python3", "--serving-venv", sys.prefix,
+        ).stdout  # fmt: skip
+        assert f"using your lease course-p100 ({booked['id']}): 1 x gpu_p100, ACTIVE" in provisioned
+        assert [path for method, path in fake.requests if method == "POST" and path.endswith("/leases")] == []
         lab.fab("deploy")
-        assert "warning: the lease ends in 0 h 1" in lab.fab("status").stdout
+        status = lab.fab("status").stdout
+        assert "lease course-p100 (yours: teardown leaves it) on CHI@TACC: ACTIVE" in status
+        assert "warning: the lease ends in 0 h 1" in status
 
         refused = lab.fab("bench", "--quick", *models, check=False)
         assert refused.returncode == 1
@@ -176,8 +182,9 @@ def test_bench_keeps_clear_of_the_lease_end(lab, sshd):
         assert (host / "configs" / "batching_food_classifier.pbtxt").exists(), "the finish phase ran"
         assert not list((lab.root / "deploy-remote" / "bench").iterdir()), "the host's bench folder is removed"
 
-        lab.fab("teardown")
-        assert fake.held() == {"leases": 0, "servers": 0, "floatingips": 0}
+        torn_down = lab.fab("teardown").stdout
+        assert f"left your lease course-p100 ({booked['id']}) as it is" in torn_down
+        assert fake.held() == {"leases": 1, "servers": 0, "floatingips": 0}, "the server and its address went"
     finally:
         if lab.state() is not None:
             lab.fab("teardown", "--purge", check=False)
@@ -230,3 +237,71 @@ def test_an_address_that_comes_back_with_another_host_key_is_deployed_to(lab, tm
             lab.fab("teardown", "--purge", check=False)
         node.stop()
         fake.stop()
+
+
+def start_in(hours: float) -> str:
+    """A --start value, this machine's local time."""
+    from datetime import datetime
+
+    return (datetime.now() + timedelta(hours=hours)).strftime("%Y-%m-%d %H:%M")
+
+
+def read_until(lines, text: str, timeout_s: float = 60) -> str:
+    """A process's output (printed_lines) up to the first line holding `text`."""
+    output = ""
+    while text not in output:
+        line = lines.get(timeout=timeout_s)
+        assert line is not None, f"the process ended before {text!r}:\n{output}"
+        output += line
+    return output
+
+
+def the_rest(lines, timeout_s: float = 120) -> str:
+    return "".join(iter(lambda: lines.get(timeout=timeout_s), None))
+
+
+def test_a_lease_booked_ahead_is_waited_for_with_progress_then_launched_on(lab, cloud):
+    lab.extra_env["FABRIC_LAB_CHAMELEON_PROGRESS_EVERY_S"] = "1"  # (an integer setting)
+    provision = lab.popen_fab("provision", "--target", "chameleon", "--start", start_in(2), "--wait-for-start")
+    lines = printed_lines(provision)
+    try:
+        output = read_until(lines, "waiting for lease triton-lab-alice to start")
+        output += read_until(lines, "lease triton-lab-alice: still PENDING")  # a line while it waits
+        assert cloud.held() == {"leases": 1, "servers": 0, "floatingips": 0}
+        cloud.advance(hours=2)  # its start comes (the fake's clock), and the provision carries on
+        output += the_rest(lines)
+        provision.wait(timeout=30)
+    finally:
+        if provision.poll() is None:
+            provision.kill()
+    assert provision.returncode == 0, output
+    assert "node(s) ready: cc@127.0.0.10" in output and "next: fab deploy" in output
+    lab.fab("teardown")
+    assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0}
+
+
+@pytest.mark.parametrize("release", [False, True], ids=["left-booked", "release-lease"])
+def test_ctrl_c_while_fab_run_waits_for_its_lease_leaves_it_booked_unless_asked(lab, cloud, release):
+    run = lab.popen_fab("run", "--target", "chameleon", "--start", start_in(3), *(["--release-lease"] * release))
+    lines = printed_lines(run)
+    try:
+        output = read_until(lines, "waiting for lease triton-lab-alice to start")
+        run.send_signal(signal.SIGINT)
+        output += the_rest(lines, timeout_s=60)
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, output
+    if release:
+        assert "interrupted while waiting: deleting lease triton-lab-alice (booked from " in output
+        assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0} and lab.state() is None
+    else:
+        assert "the deployment was not started: lease triton-lab-alice (booked from " in output
+        assert "stays booked; `fab provision --target chameleon` after its start continues" in output
+        assert cloud.held()["leases"] == 1
+        assert "booked ahead: the lease starts " in lab.fab("status").stdout
+        refused = lab.fab("deploy", check=False)
+        assert refused.returncode == 1 and "no host yet: lease triton-lab-alice (booked from " in refused.stderr
+        lab.fab("teardown")
+        assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0}

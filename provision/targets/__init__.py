@@ -40,8 +40,17 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
 
 
 @routed
-def release(state: State, settings: dict, save: Save, say: Say) -> None:
-    """Free what provision reserved and verify it is gone: nothing, by default (the hosts are the user's)."""
+def release(state: State, settings: dict, save: Save, say: Say, options: dict | None = None) -> None:
+    """Free what provision reserved and verify it is gone: nothing, by default (the hosts are the user's).
+
+    options: teardown's flags (release_lease: a lease the user brought goes too)."""
+
+
+@routed
+def booked_ahead(state: State) -> dict:
+    """A reservation that has not started yet, which the hosts wait for: {"lease": "lease NAME (booked
+    from ...)", "ours": whether provision made it}; {} when nothing waits (by default)."""
+    return {}
 
 
 @routed

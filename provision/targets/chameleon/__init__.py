@@ -21,7 +21,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from provision.config import settings as lab_settings
@@ -33,6 +33,7 @@ from provision.targets.chameleon.cloud import (
     LEASE_FAILED,
     ChameleonCloud,
     ChameleonError,
+    LeaseNotUsable,
     NoHostsError,
     ResourceFailed,
 )
@@ -79,6 +80,21 @@ def config(settings: dict, options: dict | None = None) -> dict:
             "use reserved (with the lease) or adhoc"
         )
     return merged
+
+
+def resource_properties(given: list[str]) -> dict[str, str]:
+    """--resource-property KEY=VALUE (repeatable) as {key: value}: Blazar's ["==", "$KEY", "VALUE"], all of them."""
+    properties = {}
+    for item in given:
+        key, equals, value = item.partition("=")
+        key = key.strip().removeprefix("$")
+        if not equals or not key or not value.strip():
+            raise ValueError(
+                f"--resource-property {item!r}: use KEY=VALUE, a property of the site's hosts as the hardware "
+                "browser names it (e.g. gpu.gpu_count=2)"
+            )
+        properties[key] = value.strip()
+    return properties
 
 
 def _cloud(cfg: dict, site: str | None = None, say: Say = print) -> ChameleonCloud:
@@ -128,15 +144,31 @@ def _say_step(say: Say, text: str) -> None:
 def provision(settings: dict, options: dict, state: State | None, save: Save, say: Say) -> State:
     """Reserve and launch the node(s); return the state with the hosts recorded."""
     cfg = config(settings, options)
+    nodes = list(dict.fromkeys(options.get("node") or []))  # --node, repeatable: these nodes, one host each
+    properties = resource_properties(options.get("resource_property") or [])
+    if nodes:
+        cfg["node_count"] = len(nodes)
     runtime = choose_runtime("chameleon", settings, options.get("runtime") or "")
     cloud = _cloud(cfg, say=say)  # first: missing credentials are the most likely problem, and name what to set
     public_key, private_key = _keys(cfg)
     recorded = state.chameleon if state is not None and state.target == "chameleon" else {}
-    if recorded.get("lease", {}).get("id"):
-        for key, label in (("site", "site"), ("node_type", "node type"), ("node_count", "node count")):
-            if recorded.get(key) is not None and recorded[key] != cfg[key]:
+    held_lease = recorded.get("lease", {})
+    asked_lease = options.get("lease") or ""
+    if asked_lease and held_lease.get("id") and asked_lease not in (held_lease["id"], held_lease.get("name")):
+        raise ValueError(
+            f"already provisioned on lease {held_lease.get('name')} ({held_lease['id']}): run `fab teardown` "
+            f"first to work on lease {asked_lease}, or drop --lease to continue"
+        )
+    if held_lease.get("id") and held_lease.get("ours", True):  # a lease we made: what it was made for
+        asked = {**cfg, "nodes": nodes, "resource_properties": properties}
+        labels = (("site", "site"), ("node_type", "node type"), ("node_count", "node count"), ("nodes", "nodes"),
+                  ("resource_properties", "resource properties"))  # fmt: skip
+        for key, label in labels:
+            if key in ("nodes", "resource_properties") and not asked[key]:
+                continue  # not given again: the recorded ones
+            if recorded.get(key) is not None and recorded[key] != asked[key]:
                 raise ValueError(
-                    f"already provisioned with {label} {recorded[key]} (asked: {cfg[key]}): "
+                    f"already provisioned with {label} {recorded[key]} (asked: {asked[key]}): "
                     "run `fab teardown` first to change it, or drop the flag to continue"
                 )
     if state is None or state.target != "chameleon":
@@ -147,6 +179,8 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     name = info["name"]
     for key in ("site", "node_type", "image", "flavor", "network", "node_count", "floating_ip", "ssh_port"):
         info.setdefault(key, cfg[key])
+    info.setdefault("nodes", nodes)
+    info.setdefault("resource_properties", properties)
     info.setdefault("key_name", cfg["key_name"] or name)
     info.setdefault("lease", {"name": name})
     info.setdefault("servers", [])
@@ -164,11 +198,20 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
         if cloud.ensure_keypair(info["key_name"], public_key):
             created.append(f"key pair {info['key_name']}")
             _say_step(say, f"uploaded your public key as key pair {info['key_name']}")
-        _provision_lease(cloud, cfg, state, save, say, created)
+        if asked_lease and not info["lease"].get("id"):
+            _adopt_lease(cloud, state, save, say, asked_lease)
+        if options.get("start") and not info["lease"].get("id") and not info["lease"].get("start"):
+            info["lease"]["start"] = _start_time(options["start"], cloud, info, cfg, say).isoformat()
+            save(state)
+        if not _provision_lease(cloud, cfg, state, save, say, created, bool(options.get("wait_for_start"))):
+            if created:
+                state.record(f"provisioned on {info['site']}: {', '.join(created)}")
+            save(state)
+            return state  # booked ahead: no host yet
         for index in range(info["node_count"]):
             _provision_server(cloud, cfg, state, save, say, created, index, private_key)
-    except NoHostsError:
-        raise  # nothing is held (the lease was cleaned up): the message says what the user can do
+    except (NoHostsError, LeaseNotUsable):
+        raise  # nothing is held (the lease was cleaned up, or is not ours): the message says what to do
     except ChameleonError as error:
         raise resume_hint(error) from None
 
@@ -194,6 +237,17 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     return state
 
 
+def booked_ahead(state: State) -> dict:
+    """The lease, when it is booked ahead and has not started (as recorded)."""
+    lease = state.chameleon.get("lease") or {}
+    start = lease.get("start")
+    if not lease.get("id") or lease.get("status") != "PENDING" or not start:
+        return {}
+    if datetime.fromisoformat(start) <= datetime.now(timezone.utc):
+        return {}
+    return {"lease": f"lease {lease['name']} (booked from {_when(start)})", "ours": lease.get("ours", True)}
+
+
 def held(state: State) -> str:
     """What the state says exists (or may exist) on the cloud, in one line: what an interrupted provision prints."""
     info = state.chameleon
@@ -213,25 +267,107 @@ def held(state: State) -> str:
     return f"on {info.get('site')}: " + ", ".join(parts) if parts else "nothing reserved yet"
 
 
-def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say, created: list[str]) -> None:
+def _adopt_lease(cloud: ChameleonCloud, state: State, save: Save, say: Say, reference: str) -> None:
+    """Work on a lease the user holds (--lease NAME_OR_ID): check it, take its node type, count and
+    floating IP pool from it, and record it as not ours (teardown leaves it)."""
+    info = state.chameleon
+    found = cloud.lease_by_reference(reference)
+    where = f"at {info['site']}"
+    if found is None:
+        names = cloud.lease_names()
+        raise LeaseNotUsable(
+            f"no lease {reference!r} {where}: your project's leases there: {', '.join(names) or 'none'}. Give its "
+            "name or id as the dashboard shows it (Reservations > Leases), or --site for a lease at another site"
+        )
+    label = f"lease {found['name']} ({found['id']})"
+    if found["status"] in LEASE_ENDING | {LEASE_FAILED}:
+        raise LeaseNotUsable(
+            f"{label} {where} is {found['status']} (its end: {found['end']}): book a new one in the dashboard and "
+            "give it to --lease, or leave out --lease and provision makes one now"
+        )
+    if not found["node_reservation_id"]:
+        raise LeaseNotUsable(
+            f"{label} {where} reserves no node (its reservations: {', '.join(found['reservation_kinds']) or 'none'}): "
+            "give a lease with a host reservation (a node type, or a node by name)"
+        )
+    info["lease"] = {**found, "ours": False}
+    info["node_type"] = found["node_type"] or info["node_type"]
+    info["node_count"] = found["node_count"]
+    info["floating_ip"] = "reserved" if found["fip_reservation_id"] else "adhoc"
+    state.record(f"working on {label}, not ours: teardown leaves it")
+    save(state)
+    kind = f"{found['node_count']} x {found['node_type'] or 'node'}"
+    addresses = "its reserved floating IPs" if found["fip_reservation_id"] else "ad-hoc floating IPs (it reserves none)"
+    _say_step(say, f"using your {label}: {kind}, {found['status']}, ends {found['end']}; {addresses}")
+
+
+def _start_time(asked: str, cloud: ChameleonCloud, info: dict, cfg: dict, say: Say) -> datetime:
+    """--start: "YYYY-MM-DD HH:MM" in this machine's time zone, or "earliest" (the next free slot
+    for the node type, count and hours, from Blazar's allocations); as an aware UTC time."""
+    now = datetime.now(timezone.utc)
+    if asked.strip().lower() == "earliest":
+        slot = cloud.next_free_slot(info["node_type"], info["node_count"], cfg["lease_hours"])
+        if slot is None:
+            raise ValueError(
+                f"--start earliest: Blazar's calendar at {info['site']} has no {info['node_count']} x "
+                f"{info['node_type']} to book: choose --node-type, or --start with a time"
+            )
+        # Blazar takes minutes: the slot's minute rounded up, so the lease does not touch the one before.
+        start = max(slot, now + timedelta(minutes=2))
+        start = start.replace(second=0, microsecond=0) + timedelta(minutes=1 if start.second or start.microsecond else 0)
+        _say_step(say, f"the earliest slot for {info['node_count']} x {info['node_type']}: {start:%Y-%m-%d %H:%M} UTC")
+        return start
+    try:
+        local = datetime.strptime(asked.strip(), "%Y-%m-%d %H:%M")
+    except ValueError:
+        raise ValueError(f'--start {asked!r}: use "YYYY-MM-DD HH:MM" (your time zone) or earliest') from None
+    start = local.astimezone(timezone.utc)  # a naive time is this machine's local time
+    if start <= now:
+        raise ValueError(
+            f"--start {asked} ({start:%Y-%m-%d %H:%M} UTC) is not in the future: leave it out to start now"
+        )
+    return start
+
+
+def _when(start: str) -> str:
+    """A lease's start for the user: UTC, this machine's local time, and how long until then."""
+    at = datetime.fromisoformat(start)
+    seconds = max(0, int((at - datetime.now(timezone.utc)).total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    return f"{at:%Y-%m-%d %H:%M} UTC ({at.astimezone():%Y-%m-%d %H:%M %Z} here, in {hours} h {rest // 60:02d} min)"
+
+
+def _provision_lease(
+    cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say, created: list[str], wait: bool = False
+) -> bool:
+    """Make or check the lease; True once it is ACTIVE. A lease booked ahead (PENDING, its start to
+    come) returns False, saying when it starts, unless `wait`: then it waits for the start."""
     info = state.chameleon
     lease = info["lease"]
     if lease.get("id"):
         current = cloud.lease(lease["id"])
         if current is None or current["status"] in LEASE_ENDING:
+            if not lease.get("ours", True):
+                raise LeaseNotUsable(
+                    f"your lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to "
+                    "clear it here, then provision on another (--lease) or on a new one"
+                )
             raise ChameleonError(
                 f"lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to clear it, "
                 "then `fab provision --target chameleon` for a new one"
             )
+
     else:
         current = cloud.find_lease(lease["name"])  # created by a run that stopped before saving its id
         if current is not None:
             _say_step(say, f"found lease {current['name']} from an earlier run ({current['status']})")
         else:
             count, node_type = info["node_count"], info["node_type"]
+            what = f"node(s) {', '.join(info['nodes'])}" if info.get("nodes") else f"{count} x {node_type}"
+            if info.get("resource_properties"):
+                what += " with " + ", ".join(f"{k}={v}" for k, v in info["resource_properties"].items())
             _say_step(
-                say,
-                f"reserving {count} x {node_type} at {info['site']} for {cfg['lease_hours']:g} h (lease {lease['name']})",
+                say, f"reserving {what} at {info['site']} for {cfg['lease_hours']:g} h (lease {lease['name']})"
             )
             # Until Blazar says otherwise a lease of this name may exist (a create
             # whose answer was lost): the state keeps the name, teardown looks it up.
@@ -243,7 +379,10 @@ def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save,
                     node_type,
                     count,
                     cfg["lease_hours"],
+                    start=datetime.fromisoformat(lease["start"]) if lease.get("start") else None,
                     reserve_floating_ip=info["floating_ip"] == "reserved",
+                    node_names=info.get("nodes") or (),
+                    properties=info.get("resource_properties") or {},
                 )
             except NoHostsError:
                 lease.pop("create_sent", None)  # Blazar refused: nothing was made
@@ -262,11 +401,24 @@ def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save,
             created.append(f"lease {current['name']}")
         lease.update(current)
         save(state)
+    timeout_s = float(cfg["timeouts"]["lease_active_s"])
+    to_start = (datetime.fromisoformat(current["start"]) - datetime.now(timezone.utc)).total_seconds()
+    if current["status"] == "PENDING" and to_start > 0:  # booked ahead
+        lease.update(current)
+        state.record(f"lease {lease['name']} booked from {current['start']}")
+        save(state)
+        if not wait:
+            _say_step(
+                say,
+                f"lease {lease['name']} is booked: it starts {_when(current['start'])}. Run `fab provision "
+                "--target chameleon` again after its start to launch the server(s); `fab status` shows the wait",
+            )
+            return False
+        _say_step(say, f"waiting for lease {lease['name']} to start {_when(current['start'])}")
+        timeout_s += to_start
     if current["status"] != "ACTIVE":
         try:
-            current = cloud.wait_lease_active(
-                current["id"], cfg["timeouts"]["lease_active_s"], lambda m: _say_step(say, m), label=lease["name"]
-            )
+            current = cloud.wait_lease_active(current["id"], timeout_s, lambda m: _say_step(say, m), label=lease["name"])
         except ResourceFailed as error:
             _discard_failed_lease(cloud, cfg, state, save, say)
             if error.status == LEASE_FAILED:  # Blazar accepted the lease, then could not start it
@@ -279,6 +431,7 @@ def _provision_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save,
     lease.update(current)
     state.record(f"lease {lease['name']} ACTIVE until {lease['end']}")
     save(state)
+    return True
 
 
 def _discard_failed_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say) -> None:
@@ -307,9 +460,11 @@ def _provision_server(cloud, cfg, state, save, say, created, index, private_key)
         if current is not None:
             _say_step(say, f"found server {name} from an earlier run ({current['status']})")
         else:
-            _say_step(say, f"launching {name} ({info['image']}) on reservation {lease['node_reservation_id']}")
+            reservations = lease.get("node_reservation_ids") or [lease["node_reservation_id"]]
+            reservation = reservations[index] if index < len(reservations) else reservations[0]  # one per --node
+            _say_step(say, f"launching {name} ({info['image']}) on reservation {reservation}")
             current = cloud.create_server(
-                name, lease["node_reservation_id"], info["image"], info["flavor"], info["key_name"], info["network"]
+                name, reservation, info["image"], info["flavor"], info["key_name"], info["network"]
             )
             created.append(f"server {name}")
         entry.update(id=current["id"], status=current["status"])
@@ -351,13 +506,15 @@ def _attach_floating_ip(cloud, state, save, say, created, entry, current) -> Non
         if info["floating_ip"] == "reserved":
             reserved = cloud.reserved_floating_ips(info["lease"]["fip_reservation_id"])
             free = sorted(f["address"] for f in reserved if f["address"] not in taken)
-            if not free:
+            if free:
+                entry.update(floating_ip=free[0], floating_ip_source="lease")
+            elif not reserved or info["lease"].get("ours", True):
                 raise ChameleonError(
                     f"lease {info['lease']['name']} is ACTIVE but Blazar has not created its reserved floating IP yet: "
                     "wait a minute"
                 )
-            entry.update(floating_ip=free[0], floating_ip_source="lease")
-        else:
+            # else: the user's lease reserved fewer addresses than it has nodes: an ad-hoc one for this node
+        if not entry.get("floating_ip"):
             described = [f for f in cloud.floating_ips_described(entry["name"]) if f["address"] not in taken]
             fip = described[0] if described else cloud.allocate_floating_ip(entry["name"])
             if not described:
@@ -385,8 +542,11 @@ def _wait_gone(what: str, exists: Callable[[], bool], cfg: dict) -> None:
 # -- release --------------------------------------------------------------------
 
 
-def release(state: State, settings: dict, save: Save, say: Say) -> None:
-    """Delete the servers, ad-hoc floating IPs and the lease; verify each is gone before forgetting it."""
+def release(state: State, settings: dict, save: Save, say: Say, options: dict | None = None) -> None:
+    """Delete the servers, ad-hoc floating IPs and the lease; verify each is gone before forgetting it.
+
+    A lease the user brought (--lease) stays, unless options["release_lease"] (`fab teardown --release-lease`).
+    """
     info = state.chameleon
     if not info or not (info.get("lease") or info.get("servers") or info.get("floating_ips")):
         say("chameleon: nothing reserved")
@@ -434,6 +594,18 @@ def release(state: State, settings: dict, save: Save, say: Say) -> None:
             left.append(f"floating IP {fip['address']}: {error}")
 
     lease = info.get("lease") or {}
+    kept_lease = bool(lease) and not lease.get("ours", True) and not (options or {}).get("release_lease")
+    if kept_lease:
+        if not left:  # its servers are gone: the lease is the user's again
+            info.pop("lease", None)
+            state.record(f"left lease {lease['name']}: not ours")
+            save(state)
+            _say_step(
+                say,
+                f"left your lease {lease['name']} ({lease['id']}) as it is: it ends {lease.get('end')}; "
+                "`fab teardown --release-lease` deletes it with the rest, or delete it in the dashboard",
+            )
+        lease = {}
     if lease:
         try:
             lease_id = lease.get("id") or (cloud.find_lease(lease["name"]) or {}).get("id")
@@ -461,7 +633,10 @@ def release(state: State, settings: dict, save: Save, say: Say) -> None:
             "in the web UI (Compute > Instances, Network > Floating IPs, Reservations > Leases)"
         )
     state.hosts = []
-    _say_step(say, f"released everything on {info.get('site')} (verified with the cloud)")
+    if kept_lease:
+        _say_step(say, f"released what provision made on {info.get('site')} (verified with the cloud); your lease stays")
+    else:
+        _say_step(say, f"released everything on {info.get('site')} (verified with the cloud)")
 
 
 # -- status and extend -------------------------------------------------------------
@@ -481,7 +656,11 @@ def status(state: State, settings: dict) -> dict:
     """The lease (status, end, time left), each server's status and address, as the cloud reports now."""
     info = state.chameleon
     lease = info.get("lease") or {}
-    result = {"site": info.get("site"), "lease": {"name": lease.get("name"), "id": lease.get("id")}, "servers": []}
+    result = {
+        "site": info.get("site"),
+        "lease": {"name": lease.get("name"), "id": lease.get("id"), "ours": lease.get("ours", True)},
+        "servers": [],
+    }
     try:
         cloud = _cloud(config(settings), info.get("site"))
         current = cloud.lease(lease["id"]) if lease.get("id") else None
@@ -489,6 +668,7 @@ def status(state: State, settings: dict) -> dict:
             lease = {**lease, **current}
         result["lease"].update(
             status=current["status"] if current else ("GONE" if lease.get("id") else "not created"),
+            start=lease.get("start"),
             end=lease.get("end"),
         )
         for entry in info.get("servers", []):
@@ -541,9 +721,16 @@ def status_lines(state: State, settings: dict) -> list[str]:
     lines = [f"chameleon: {report['error']}"] if report.get("error") else []
     lease = report.get("lease") or {}
     if lease:
+        yours = "" if lease.get("ours", True) else " (yours: teardown leaves it)"
         lines.append(
-            f"lease {lease.get('name')} on {report.get('site')}: {lease.get('status')}, "
+            f"lease {lease.get('name')}{yours} on {report.get('site')}: {lease.get('status')}, "
             f"ends {lease.get('end')} ({lease.get('time_left')} left)"
+        )
+    start = lease.get("start")
+    if lease.get("status") == "PENDING" and start and datetime.fromisoformat(start) > datetime.now(timezone.utc):
+        lines.append(
+            f"booked ahead: the lease starts {_when(start)}; then `fab provision --target chameleon` "
+            "launches the server(s)"
         )
     for server in report.get("servers", []):
         lines.append(f"server {server['name']}: {server['status']}, floating IP {server.get('floating_ip')}")

@@ -55,11 +55,13 @@ error messages name variables, never their values.
 
 from __future__ import annotations
 
+import difflib
+import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 
 from provision import interrupts
@@ -93,6 +95,22 @@ LEASE_FAILED = "ERROR"
 BLAZAR_DATE = "%Y-%m-%d %H:%M"
 
 # What a retry waits, unless lab.chameleon.retry says otherwise.
+# Where each GPU node type is (Chameleon's hardware catalogue; only what advice needs). The
+# P100s are at CHI@TACC only: "another site" is no advice for them.
+NODE_TYPE_SITES = {
+    "gpu_p100": "CHI@TACC",
+    "gpu_p100_nvlink": "CHI@TACC",
+    "gpu_p100_v100": "CHI@TACC",
+    "gpu_rtx_6000": "CHI@TACC",
+    "compute_liqid": "CHI@TACC",
+    "gpu_h100": "CHI@TACC",
+    "gpu_v100": "CHI@UC",
+    "compute_gigaio": "CHI@UC",
+}
+GPU_NODE_TYPE_PREFIXES = ("gpu_", "compute_liqid", "compute_gigaio")  # node types with GPUs
+# Node types to suggest when the site cannot be asked which it has.
+ALTERNATIVES = {"gpu_p100": ("gpu_p100_nvlink", "gpu_rtx_6000")}
+
 DEFAULT_RETRY = {"attempts": 6, "first_delay_s": 2.0, "max_delay_s": 30.0}
 TRANSIENT_HTTP = {500, 502, 503, 504}
 
@@ -111,6 +129,10 @@ class ResourceFailed(ChameleonError):
     def __init__(self, message: str, status: str):
         super().__init__(message)
         self.status = status
+
+
+class LeaseNotUsable(ChameleonError):
+    """--lease names a lease that provision cannot work on (unknown, ended, another project's, no node, not started)."""
 
 
 class NoHostsError(ChameleonError):
@@ -232,6 +254,49 @@ def check_credentials(environ: Mapping[str, str], site: str) -> dict:
             names = " or ".join(alternatives)
             raise CredentialsError(f"{names} is not set (needed with OS_AUTH_TYPE={auth_type}); {where}")
     return {"auth_type": auth_type, "auth_url": auth_url, "region": region}
+
+
+def node_reservations(node_type: str, count: int, node_names: Sequence[str], properties: Mapping[str, str]) -> list:
+    """Blazar's host reservations: `count` nodes of `node_type` with `properties`, or one reservation
+    per node name (a name says the type already: python-chi refuses both together, and so do we)."""
+    extra = [["==", f"${key}", value] for key, value in properties.items()]
+
+    def reservation(conditions: list, amount: int) -> dict:
+        asked = conditions[0] if len(conditions) == 1 else ["and", *conditions]
+        return {
+            "resource_type": "physical:host",
+            "resource_properties": json.dumps(asked),
+            "hypervisor_properties": "",
+            "min": amount,
+            "max": amount,
+        }
+
+    if node_names:
+        return [reservation([["==", "$node_name", name], *extra], 1) for name in node_names]
+    return [reservation([["==", "$node_type", node_type], *extra], count)]
+
+
+def _resource_properties(text: str | None) -> dict:
+    """{"node_type": ..., "node_name": ...} from a reservation's resource_properties, in Blazar's
+    syntax: ["==", "$node_type", "gpu_p100"] ("=" too), combined with ["and", A, B, ...]."""
+    try:
+        properties = json.loads(text or "[]")
+    except ValueError:
+        return {}
+    found: dict = {}
+
+    def walk(expression) -> None:
+        if not isinstance(expression, list) or not expression:
+            return
+        operator, *operands = expression
+        if operator == "and":
+            for operand in operands:
+                walk(operand)
+        elif operator in ("==", "=") and len(operands) == 2 and str(operands[0]).startswith("$"):
+            found[operands[0][1:]] = operands[1]
+
+    walk(properties)
+    return found
 
 
 def _http_code(error: BaseException) -> int | None:
@@ -447,6 +512,7 @@ class ChameleonCloud:
         reservations = body.get("reservations") or []
         node = [r for r in reservations if r.get("resource_type") == "physical:host"]
         fip = [r for r in reservations if r.get("resource_type") == "virtual:floatingip"]
+        asked = _resource_properties(node[0].get("resource_properties")) if node else {}
         return {
             "id": body["id"],
             "name": body["name"],
@@ -455,8 +521,53 @@ class ChameleonCloud:
             "end": _utc(body["end_date"]).isoformat(),
             "status_reason": body.get("status_reason") or "",
             "node_reservation_id": node[0]["id"] if node else None,
+            # One per node a lease asks for by name (--node); the servers go on them in turn.
+            "node_reservation_ids": [r["id"] for r in node],
             "fip_reservation_id": fip[0]["id"] if fip else None,
+            # What the node reservation asks for (a lease made in the dashboard says it here only).
+            "node_type": asked.get("node_type"),
+            "node_count": sum(int(r.get("max") or r.get("min") or 1) for r in node),
+            "reservation_kinds": sorted({r.get("resource_type", "?") for r in reservations}),
         }
+
+    def lease_by_reference(self, reference: str) -> dict | None:
+        """The project's lease whose id or name is `reference` (made here, in the dashboard or the
+        CLI), live ones first; None if the project has none. Another project's gets a ChameleonError."""
+        from blazarclient.exception import BlazarClientException
+
+        leases = self._call("listing leases", self.chi.blazar().lease.list, repeat="read")
+        by_id = [lease for lease in leases if lease["id"] == reference]
+        named = sorted(
+            (lease for lease in leases if lease["name"] == reference),
+            key=lambda lease: (lease["status"] not in LEASE_ENDING | {LEASE_FAILED}, lease["start_date"]),
+        )
+        live = [lease for lease in named if lease["status"] not in LEASE_ENDING | {LEASE_FAILED}]
+        if len(live) > 1:
+            raise ChameleonError(
+                f"{len(live)} live leases are called {reference}: give the id of the one to use (--lease ID; "
+                f"ids: {', '.join(lease['id'] for lease in live)})"
+            )
+        if by_id or named:
+            return self._lease_view((by_id or named)[-1])
+        # Not in the project's list: a lease of another project answers 403 to its id.
+        try:
+            self.chi.blazar().lease.get(reference)
+        except BlazarClientException as error:
+            if _http_code(error) == 403:
+                raise LeaseNotUsable(
+                    f"lease {reference} at {self.site} belongs to another project (Blazar: "
+                    f"{str(error).removeprefix('ERROR: ')}): use a lease of your credentials' project "
+                    f"({os.environ.get('OS_PROJECT_NAME') or os.environ.get('OS_PROJECT_ID') or 'OS_PROJECT_NAME'}), "
+                    "or source the openrc of the lease's project"
+                ) from None
+        except Exception:  # noqa: BLE001 - a name is no id: whatever the GET says, the project has no such lease
+            pass
+        return None
+
+    def lease_names(self) -> list[str]:
+        """'name (STATUS)' of each lease the project has at this site, for messages."""
+        leases = self._call("listing leases", self.chi.blazar().lease.list, repeat="read")
+        return [f"{lease['name']} ({lease['status']})" for lease in leases]
 
     def find_lease(self, name: str) -> dict | None:
         """Our live (not ending) lease called `name`, if any: finds a lease whose id was never saved."""
@@ -469,19 +580,35 @@ class ChameleonCloud:
         return self._lease_view(live[0]) if live else None
 
     def create_lease(
-        self, name: str, node_type: str, count: int, hours: float, reserve_floating_ip: bool = True
+        self,
+        name: str,
+        node_type: str,
+        count: int,
+        hours: float,
+        reserve_floating_ip: bool = True,
+        node_names: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        start: datetime | None = None,
     ) -> dict:
-        """Reserve `count` nodes of `node_type` (and a floating IP per node) from now for `hours`.
+        """Reserve `count` nodes of `node_type` (and a floating IP per node) from now for `hours`:
+        any nodes of the type with `properties` ({key: value}, Blazar's $key == value), or the nodes
+        called `node_names`, one each (then count is their number). From `start` (aware), a slot
+        booked ahead: the lease stays PENDING until then.
 
         Raise NoHostsError (with the next free slot when Blazar can tell) if no node is free.
         """
         from blazarclient.exception import BlazarClientException
 
-        lease = self.chi.lease.Lease(name, duration=timedelta(hours=hours))
-        self._call("preparing the lease", lease.add_node_reservation, amount=count, node_type=node_type)
+        if node_names:
+            self.check_node_names(node_names)
+        if start is None:
+            lease = self.chi.lease.Lease(name, duration=timedelta(hours=hours))
+        else:  # python-chi adds a duration to now, whatever the start: the end is given
+            begin = start.astimezone(timezone.utc).replace(tzinfo=None)
+            lease = self.chi.lease.Lease(name, start_date=begin, end_date=begin + timedelta(hours=hours))
         if reserve_floating_ip:
             self._call("preparing the lease", lease.add_fip_reservation, amount=count)
-        reservations = lease.node_reservations + lease.fip_reservations
+        reservations = node_reservations(node_type, count, node_names, properties or {}) + lease.fip_reservations
         try:
             body = self.chi.blazar().lease.create(
                 name=name, start=lease.start_date, end=lease.end_date, reservations=reservations, events=[]
@@ -512,32 +639,61 @@ class ChameleonCloud:
             self._call("creating the lease", _raise, error)
         return self._lease_view(body)
 
+    def hosts(self) -> list[dict]:
+        """The site's reservable hosts as Blazar lists them (node_type, node_name and the other properties)."""
+        return self._call("listing hosts", self.chi.blazar().host.list, repeat="read")
+
+    def check_node_names(self, names: Sequence[str]) -> None:
+        """ChameleonError naming the similar ones, for a node name the site does not have."""
+        known = sorted({host.get("node_name") for host in self.hosts() if host.get("node_name")})
+        for name in names:
+            if name not in known:
+                similar = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+                hint = f"similar names: {', '.join(similar)}" if similar else f"its nodes: {', '.join(known[:10])}"
+                raise ChameleonError(
+                    f"no node {name} at {self.site} ({hint}). Node names are in the dashboard's Host Calendar "
+                    "(Reservations > Leases > Host Calendar) and in the hardware browser"
+                )
+
     def no_hosts(self, node_type: str, count: int, hours: float, reason: str) -> NoHostsError:
-        """The error for "no node free", with what the user can do."""
-        next_free = None
+        """The error for "no node free", with what the user can do at this site, or where the type is."""
+        next_free, here = None, []
         try:
+            here = self.hosts()
             next_free = self.next_free_slot(node_type, count, hours)
         except ChameleonError:
-            pass  # the advice below stands without it
+            pass  # the advice below stands without them
+        types_here = sorted({h.get("node_type") for h in here if h.get("node_type")})
+        if here and node_type not in types_here:  # the type is not at this site at all
+            elsewhere = NODE_TYPE_SITES.get(node_type)
+            go = (
+                f"it is at {elsewhere}: --site {elsewhere} with that site's credentials (an openrc of its own)"
+                if elsewhere
+                else "choose one of the site's own types (--node-type)"
+            )
+            return NoHostsError(
+                f"{self.site} has no {node_type} node ({reason}); its node types: {', '.join(types_here)}. {go}."
+            )
         when = (
             f" Blazar's calendar shows the next free slot for {count} x {node_type} for {hours:g} h at "
             f"{next_free:%Y-%m-%d %H:%M} UTC."
             if next_free
             else ""
         )
+        instead = [t for t in types_here if t != node_type and t.startswith(GPU_NODE_TYPE_PREFIXES)]
+        instead = instead or [t for t in ALTERNATIVES.get(node_type, ()) if not here]  # unknown: what we know
+        other_types = f" another node type here (--node-type {' or '.join(instead)})," if instead else ""
         return NoHostsError(
             f"no {node_type} node is free at {self.site} for {hours:g} h ({reason}).{when} What you can do: try later "
-            f"or a shorter lease (--hours), another node type (--node-type, e.g. gpu_p100_nvlink), or another site "
-            f"(--site, with that site's credentials); the calendar is in the web UI under Reservations > Leases > Host Calendar.",
+            f"or a shorter lease (--hours),{other_types} or book a slot ahead in the dashboard and work in it "
+            f"(fab provision --lease NAME); the calendar is in the web UI under Reservations > Leases > Host Calendar.",
             next_free,
         )
 
     def next_free_slot(self, node_type: str, count: int, hours: float) -> datetime | None:
         """When `count` hosts of `node_type` are next free together for `hours`, per Blazar's allocations."""
         blazar = self.chi.blazar()
-        hosts = [
-            h for h in self._call("listing hosts", blazar.host.list, repeat="read") if h.get("node_type") == node_type
-        ]
+        hosts = [h for h in self.hosts() if h.get("node_type") == node_type]
         if len(hosts) < count:
             return None
         allocations = {
