@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import traceback
@@ -162,9 +163,13 @@ def provision(
     Chameleon reads your credentials from the environment (source the
     OpenStack RC file of your project first); none of them is stored.
     """
+    given = {name: value for name, value in locals().items() if name in PROVISION_DEFAULTS}
+    given = {name: value for name, value in given.items() if value != PROVISION_DEFAULTS[name] and value not in (None, "", [])}
     settings = _settings(c)
     target = target or settings["target"]
     targets.get(target)  # an unknown name fails here, naming the choices
+    readers = {name: targets.provision_flags(name) for name in targets.TARGETS}
+    flags.for_target(target, given, readers, targets.COMMON_PROVISION_FLAGS)
     current = state_module.load()
     if current is not None and current.target != target:
         raise Exit(
@@ -199,6 +204,12 @@ def provision(
         return
     print(f"inventory: {inventory.render(new_state)}")
     print("next: fab deploy")
+
+
+# Each flag of `fab provision` with its default: a flag whose value differs was given.
+PROVISION_DEFAULTS = {
+    name: parameter.default for name, parameter in inspect.signature(provision.body).parameters.items() if name != "c"
+}
 
 
 def _forget_a_state_that_holds_nothing() -> None:

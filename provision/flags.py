@@ -43,3 +43,20 @@ def models(names: list[str], known: list[str], flag: str = "--model") -> list[st
     if unknown:
         raise FlagError(f"{flag} {', '.join(unknown)}: no such model; the models are {', '.join(known)}")
     return names
+
+
+def for_target(target: str, given: dict, readers: dict[str, tuple[str, ...]], common: tuple[str, ...]) -> None:
+    """Refuse a flag given for a target that does not read it (it would be ignored without a word).
+
+    given: {flag's parameter name: value} of the flags given; readers: {target: the flags it reads}."""
+    for name, value in given.items():
+        if name in common or name in readers.get(target, ()):
+            continue
+        flag = "--" + name.replace("_", "-")
+        owners = [other for other, names in readers.items() if name in names]
+        shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+        raise FlagError(
+            f"{flag} {shown}: a flag of the {' and '.join(owners)} target{'s' if len(owners) > 1 else ''}, "
+            f"and this provision is for the {target} target, which does not read it: add --target {owners[0]}, "
+            f"or leave {flag} out"
+        )

@@ -25,6 +25,12 @@ BAD_FLAGS = [
     (["tune", "--p99-ms", "100"], "--model is required: the model to tune"),
     (["tune", "--model", "nosuch_model", "--p99-ms", "100"], "--model nosuch_model: no such model; the models are"),
     (["bench", "--quick", "--model", "nosuch_model"], "--model nosuch_model: no such model; the models are"),
+    (["provision", "--host", "nosuchhost"],
+     "--host nosuchhost: a flag of the ssh target, and this provision is for the local target, which does not "
+     "read it: add --target ssh, or leave --host out"),
+    (["provision", "--target", "ssh", "--host", "h1", "--lease", "mine"],
+     "--lease mine: a flag of the chameleon target, and this provision is for the ssh target"),
+    (["run", "--key", "~/.ssh/id_ed25519"], "--key ~/.ssh/id_ed25519: a flag of the ssh and chameleon targets"),
 ]  # fmt: skip
 
 

@@ -46,6 +46,18 @@ def release(state: State, settings: dict, save: Save, say: Say, options: dict | 
     options: teardown's flags (release_lease: a lease the user brought goes too)."""
 
 
+# The flags of `fab provision` that every target reads; the others belong to targets (provision_flags).
+# (wait_for_start: `fab run` always gives it; where nothing is booked ahead there is nothing to wait for.)
+COMMON_PROVISION_FLAGS = ("target", "runtime", "serving_venv", "no_wait", "wait_for_start")
+
+
+@routed
+def provision_flags() -> tuple[str, ...]:
+    """The flags of `fab provision` this target reads beyond COMMON_PROVISION_FLAGS: none, by default
+    (a flag given for a target that does not read it is refused, not ignored)."""
+    return ()
+
+
 @routed
 def booked_ahead(state: State) -> dict:
     """A reservation that has not started yet, which the hosts wait for: {"lease": "lease NAME (booked

@@ -11,6 +11,10 @@ from provision.state import Host, State
 from provision.targets import choose_runtime
 
 
+def provision_flags() -> tuple[str, ...]:
+    return ("host", "user", "port", "key", "python")
+
+
 def _hosts(options: dict) -> list[Host]:
     addresses = [a for item in options.get("hosts") or [] for a in str(item).split(",") if a.strip()]
     if not addresses:

@@ -58,6 +58,13 @@ _OPTION_NAMES = {
 }
 
 
+def provision_flags() -> tuple[str, ...]:
+    return (
+        "site", "node_type", "image", "hours", "count", "key_name", "public_key", "floating_ip", "user", "key",
+        "python", "lease", "start", "node", "resource_property",
+    )  # fmt: skip
+
+
 def config(settings: dict, options: dict | None = None) -> dict:
     """`settings["chameleon"]` over the project's defaults (fabric.yaml `lab.chameleon`), under the task's flags."""
     merged = lab_settings({"chameleon": settings.get("chameleon") or {}})["chameleon"]
