@@ -23,13 +23,10 @@ from invoke import Exit, task
 from provision import config, flags, hosts, interrupts, inventory, lock, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
-from provision.bench import BenchError, results_root
-from provision.cluster import ClusterError
-from provision.lease_guard import LeaseTooShort
-from provision.model_repo import TuningError, model_names, read_tuned
-from provision.teardown import TeardownError
-from provision.tune import VALUES, TuneError
-from provision.tunnel import TunnelError
+from provision.bench import results_root
+from provision.errors import LabError, UsageError
+from provision.model_repo import model_names, read_tuned
+from provision.tune import VALUES
 
 compare_runs = config.client_script("compare_runs")
 
@@ -44,13 +41,14 @@ def _state():
     return state_module.require()
 
 
-def _fails_cleanly(*known: type[Exception], again: str = "", interrupted: str = ""):
-    """The one place where a task's known errors become a clean `Exit`, so that each task body is its happy path.
+def _fails_cleanly(again: str = "", interrupted: str = "", again_after: tuple[type[Exception], ...] = (PlaybookError,)):
+    """The one place where errors become a clean `Exit`, so that each task body is its happy path.
 
-    A known error (or a StateError: nothing provisioned) exits 1 with
-    "error: <message>" and `again`, a hint on what to do next; a playbook
-    that Ctrl-C or SIGTERM cancelled exits 130 with its message and
-    `interrupted`. Anything else is a bug, and shows its traceback.
+    A LabError (provision/errors.py: every error meant for the user) exits 1 with
+    "error: <message>", followed by `again` (what to do next) when it is one of
+    `again_after` (the work had started: the playbook ran); a playbook that
+    Ctrl-C or SIGTERM cancelled exits 130 with its message and `interrupted`.
+    Anything else is a bug, and shows its traceback.
     """
 
     def decorate(body):
@@ -60,8 +58,8 @@ def _fails_cleanly(*known: type[Exception], again: str = "", interrupted: str = 
                 return body(*args, **kwargs)
             except PlaybookInterrupted as error:
                 raise Exit(f"{error}{interrupted}", code=INTERRUPTED) from None
-            except (state_module.StateError, lock.LockBusy, flags.FlagError, *known) as error:
-                raise Exit(f"error: {error}{again}") from None
+            except LabError as error:
+                raise Exit(f"error: {error}{again if isinstance(error, again_after) else ''}") from None
 
         return task_body
 
@@ -131,7 +129,7 @@ PROVISION_HELP = {
     },
     auto_shortflags=False,  # with them, --host took -h, and `fab provision -h` provisioned instead of helping
 )
-@_fails_cleanly(ValueError, RuntimeError)
+@_fails_cleanly()
 @_one_at_a_time
 def provision(
     c,
@@ -188,9 +186,9 @@ def provision(
     try:
         with interrupts.handled():
             new_state = targets.provision(target, settings, options, current, state_module.save, print)
-    except (ValueError, RuntimeError):
+    except Exception:
         _forget_a_state_that_holds_nothing()
-        raise  # and _fails_cleanly says why
+        raise  # and _fails_cleanly says why (or shows a bug's traceback)
     except KeyboardInterrupt:
         _forget_a_state_that_holds_nothing()
         recorded = state_module.load()
@@ -230,10 +228,6 @@ def _forget_a_state_that_holds_nothing() -> None:
     }
 )
 @_fails_cleanly(
-    PlaybookError,
-    FileNotFoundError,
-    TuningError,
-    ClusterError,
     again="\n\nfix it and run `fab deploy` again (it continues where it stopped)",
     interrupted="\n`fab deploy` continues where it stopped",
 )
@@ -283,7 +277,7 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
         **NO_WAIT_HELP,
     },
 )
-@_fails_cleanly(BenchError, PlaybookError, LeaseTooShort)
+@_fails_cleanly()
 @_one_at_a_time
 def bench(c, quick=False, model=None, cluster=False, no_wait=False):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
@@ -309,7 +303,7 @@ def bench(c, quick=False, model=None, cluster=False, no_wait=False):
         **NO_WAIT_HELP,
     }
 )
-@_fails_cleanly(TuneError, TuningError, PlaybookError, LeaseTooShort)
+@_fails_cleanly()
 @_one_at_a_time
 def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_sizes="", no_wait=False):
     """Find the model's serving settings with the most throughput under a p99 budget, on the deployed host.
@@ -545,7 +539,7 @@ def _run_folders(root) -> list:
         **NO_WAIT_HELP,
     }
 )
-@_fails_cleanly(TeardownError)
+@_fails_cleanly()
 @_one_at_a_time
 def teardown(c, purge=False, release_lease=False, no_wait=False):
     """Stop everything, remove what deploy installed, release cloud resources, verify, clear the state."""
@@ -568,7 +562,7 @@ def status(c):
 
 
 @task(help={"hours": "hours to add to the lease", **NO_WAIT_HELP}, auto_shortflags=False)  # --hours took -h
-@_fails_cleanly(ValueError, RuntimeError)
+@_fails_cleanly()
 @_one_at_a_time
 def extend(c, hours=1, no_wait=False):
     """Chameleon: extend the lease by N hours (possible within 48 h of its end)."""
@@ -577,7 +571,7 @@ def extend(c, hours=1, no_wait=False):
 
 
 @task(help={"node": "which host (name or index, default the first)"})
-@_fails_cleanly(ValueError)
+@_fails_cleanly()
 def ssh(c, node="0"):
     """Open a shell on a provisioned host."""
     chosen = hosts.select(_state().hosts, node)
@@ -592,7 +586,7 @@ def ssh(c, node="0"):
         "offset": "local port = the host's port + N (default 0); use it when those ports are taken here",
     }
 )
-@_fails_cleanly(TunnelError)
+@_fails_cleanly()
 def tunnel(c, node="0", offset=0):
     """Forward the host's Triton, API and Jupyter to 127.0.0.1 here over SSH; print their URLs; Ctrl-C closes it."""
     from provision.tunnel import run as run_tunnel
@@ -601,7 +595,7 @@ def tunnel(c, node="0", offset=0):
 
 
 @task(help={"service": "triton, api or jupyter", "lines": "how many lines (default 50)"})
-@_fails_cleanly(ValueError)
+@_fails_cleanly()
 def logs(c, service="triton", lines=50):
     """Show the recent log of a service on every host."""
     from provision.status import logs as read_logs
@@ -624,14 +618,17 @@ def logs(c, service="triton", lines=50):
         "fail_on_regression": "exit 1 when a regression is flagged (for CI)",
     },
 )
-@_fails_cleanly(compare_runs.CompareError)
+@_fails_cleanly()
 def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regression=False):
     """Two or more bench runs side by side: what differs, throughput and p95/p99 with ratios, regressions."""
     from pathlib import Path
 
     root = results_root(_settings(c))
     paths = [Path(run) if Path(run).exists() else root / run for run in [run_a, run_b, *(also or [])]]
-    runs = compare_runs.load_runs(paths)
+    try:
+        runs = compare_runs.load_runs(paths)
+    except compare_runs.CompareError as error:  # client_scripts/ import nothing of ours: theirs becomes a LabError
+        raise UsageError(str(error)) from None
     folder = Path(out) if out else root / "compare" / "_vs_".join(run["run_id"] for run in runs)
     written = compare_runs.write(runs, folder, float(threshold))
     differing = list(compare_runs.differing_facts(runs)) + [

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from provision import interrupts, lock
 from provision.config import PROJECT_ROOT
+from provision.errors import OperationError
 from provision.host.background import PLAYBOOK_RUN_VARIABLE, end
 from provision.inventory import inventory_file
 from provision.state import state_file
@@ -32,7 +33,7 @@ REPORT_TASK_PREFIX = "Report "
 REFAIL_TASK = "Stop at the failure above"
 
 
-class PlaybookError(RuntimeError):
+class PlaybookError(OperationError):
     """A playbook failed; str() says where and why, `failures` each failed task's (task, host, message)."""
 
     def __init__(self, message: str, failures: list[tuple[str, str, str]] | None = None):

@@ -22,6 +22,7 @@ from provision import cluster_report, config, runtimes, sample_images, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.deploy import docker_environment
+from provision.errors import OperationError
 from provision.lease_guard import check_bench_fits, hours_to_extend, minutes, next_model_fits
 from provision.model_repo import model_names
 from provision.perf import PerfRun, fresh_csv, input_encodings, unstable_reason
@@ -34,7 +35,7 @@ def results_root(settings: dict) -> Path:
     return path if path.is_absolute() else config.PROJECT_ROOT / path
 
 
-class BenchError(RuntimeError):
+class BenchError(OperationError):
     pass
 
 

@@ -22,12 +22,13 @@ import json
 import shlex
 
 from provision import hosts as host_commands
+from provision.errors import UsageError
 from provision.host.layout import LIB_DIR, reachable_address
 from provision.hosts import select
 from provision.state import Host, State
 
 
-class ClusterError(ValueError):
+class ClusterError(UsageError):
     pass
 
 

@@ -3,8 +3,10 @@ what is accepted. A flag that fails here has changed nothing and written nothing
 
 from __future__ import annotations
 
+from provision.errors import UsageError
 
-class FlagError(ValueError):
+
+class FlagError(UsageError):
     """A flag's value is not one the task accepts; the message names the flag, the value and what is accepted."""
 
 

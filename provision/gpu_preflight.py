@@ -32,6 +32,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
+from provision.errors import UsageError
 from provision.torch_arches import runs_on as torch_runs_on
 
 # The query the role runs (the order of the fields is what parse() reads).
@@ -48,7 +49,7 @@ TRITON_MIN_DRIVER = 560
 FORWARD_COMPATIBLE_DRIVER_BRANCHES = (470, 525, 535, 545)
 
 
-class PreflightError(ValueError):
+class PreflightError(UsageError):
     """nvidia-smi's answer cannot be read at all."""
 
 

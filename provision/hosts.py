@@ -6,10 +6,11 @@ import shlex
 import socket
 import subprocess
 
+from provision.errors import OperationError, UsageError
 from provision.state import Host
 
 
-class HostError(RuntimeError):
+class HostError(OperationError):
     """A host cannot be reached or refused us; the message says what to check."""
 
 
@@ -63,7 +64,7 @@ def select(hosts: list[Host], node: str) -> Host:
     if chosen is None and node.isdigit() and int(node) < len(hosts):
         chosen = hosts[int(node)]
     if chosen is None:
-        raise ValueError(f"no host {node!r}; hosts: {', '.join(h.name for h in hosts)}")
+        raise UsageError(f"no host {node!r}; hosts: {', '.join(h.name for h in hosts)}")
     return chosen
 
 

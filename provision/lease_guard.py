@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
+from provision.errors import OperationError
 from provision.report import concurrency_levels
 
 # perf_analyzer needs three windows per level at least (its stability check compares the last three).
@@ -25,7 +26,7 @@ WINDOWS_PER_LEVEL = 3
 MODEL_OVERHEAD_S = 15.0
 
 
-class LeaseTooShort(RuntimeError):
+class LeaseTooShort(OperationError):
     """The bench would not end before the lease does (minus the margin); str() says what to run."""
 
 

@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from provision.errors import OperationError
 from provision.host.background import PLAYBOOK_RUN_VARIABLE, end, environment, processes
 from provision.state import state_file
 
 
-class LockBusy(RuntimeError):
+class LockBusy(OperationError):
     """Another command holds the lock and the caller would not wait (--no-wait)."""
 
 

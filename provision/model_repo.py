@@ -24,12 +24,13 @@ import jinja2
 
 from provision.config import MODEL_REPOSITORY
 from provision.config import settings as lab_settings
+from provision.errors import UsageError
 from provision.smoke_weights import is_smoke
 
 TEMPLATE_SUFFIX = ".j2"
 
 
-class TuningError(ValueError):
+class TuningError(UsageError):
     """A model's tuned settings do not fit its template or the host; the message says which setting."""
 
 

@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from provision import config
+from provision.errors import UsageError
 
 # The models read the same name (serving_common.SMOKE_MARKER): they cannot import this package.
 SMOKE_MARKER = "SMOKE_WEIGHTS"
@@ -53,7 +54,7 @@ def weight_sources(settings: dict) -> tuple[str, str]:
     food11 = settings.get("food11_weights") or str(smoke_dir / FOOD11_FILE)
     blip = settings.get("blip_source") or str(smoke_dir / BLIP_FOLDER)
     if not settings.get("food11_weights") and not Path(food11).exists():
-        raise FileNotFoundError(f"no Food-11 weights at {food11}: run `make weights` or set lab.food11_weights")
+        raise UsageError(f"no Food-11 weights at {food11}: run `make weights` or set lab.food11_weights")
     return food11, blip
 
 

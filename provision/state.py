@@ -31,12 +31,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from provision.config import PROJECT_ROOT
+from provision.errors import OperationError
 
 STATE_VERSION = 1
 DEFAULT_STATE_FILE = PROJECT_ROOT / ".state" / "state.json"
 
 
-class StateError(RuntimeError):
+class StateError(OperationError):
     """No usable state: the message says which command to run."""
 
 

@@ -8,6 +8,7 @@ from provision import cluster as clusters
 from provision import hosts as host_commands
 from provision import runtimes
 from provision import state as state_module
+from provision.errors import UsageError
 from provision.hosts import HostError
 
 
@@ -72,7 +73,7 @@ def describe(state: state_module.State) -> list[str]:
 def logs(state: state_module.State, service: str, lines: int = 50) -> dict[str, str]:
     """The last `lines` lines of a service's log on every host."""
     if service not in runtimes.LOG_FILES:
-        raise ValueError(f"unknown service {service!r}: choose {' or '.join(runtimes.LOG_FILES)}")
+        raise UsageError(f"unknown service {service!r}: choose {' or '.join(runtimes.LOG_FILES)}")
     output = {}
     for host in state.hosts:
         deployed = state.deploy.get("hosts", {}).get(host.name)

@@ -12,9 +12,10 @@ from provision import firewall, hosts, inventory, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, run_playbook
 from provision.deploy import bundle_dir, extravars
+from provision.errors import OperationError
 
 
-class TeardownError(RuntimeError):
+class TeardownError(OperationError):
     pass
 
 

@@ -45,6 +45,7 @@ from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.bench import failure_reason, git_commit, perf_runs, playbook_run, results_root
 from provision.deploy import docker_environment
+from provision.errors import OperationError
 from provision.host.layout import reachable_address
 from provision.lease_guard import check_bench_fits
 from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
@@ -76,7 +77,7 @@ CSV_FIELDS = [
 ]  # fmt: skip
 
 
-class TuneError(RuntimeError):
+class TuneError(OperationError):
     """The tune cannot start or found nothing within the budget; the message says what to do."""
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from provision import cluster as clusters
 from provision import hosts as host_commands
+from provision.errors import OperationError
 from provision.host.background import port_is_free
 from provision.host.layout import TOKEN_FILE, reachable_address
 from provision.state import Host, State
@@ -38,7 +39,7 @@ SERVICES = (("triton", "triton_http", "/v2/health/ready"), ("api", "api", "/docs
 BALANCER = ("balancer", "balancer_http", "/v2/health/ready")
 
 
-class TunnelError(RuntimeError):
+class TunnelError(OperationError):
     """The tunnel cannot be opened or broke; the message says what to do."""
 
 
@@ -209,8 +210,9 @@ def run(state: State, node: str = "0", offset: int = 0, say: Callable[[str], Non
         raise TunnelError(str(error)) from None
     if state.deploy.get("status") != "deployed" or not state.deploy.get("ports"):
         raise TunnelError("nothing is deployed: run `fab deploy` first")
-    if host.connection == "local":
-        raise TunnelError(local_target_message(state, host))
+    if host.connection == "local":  # nothing to forward: information, not an error
+        say(local_target_message(state, host))
+        return
     planned = forwards(state, host, offset)
     check_ports_free(planned)
     token = read_token(host, deployed_home(state, host))

@@ -19,13 +19,14 @@ from pathlib import Path
 
 from provision import state as state_module
 from provision.config import PROJECT_ROOT
+from provision.errors import UsageError
 from provision.host.layout import LOG_FILES, RUN_DIR, reachable_address
 from provision.routing import router
 
 RUNTIMES = ("process", "docker")
 
 
-class UnknownRuntime(ValueError):
+class UnknownRuntime(UsageError):
     pass
 
 

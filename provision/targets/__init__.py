@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from provision import state as state_module
+from provision.errors import UsageError
 from provision.routing import router
 from provision.runtimes import RUNTIMES
 from provision.state import State
@@ -26,7 +27,7 @@ Save = Callable[[State], None]
 Say = Callable[[str], None]
 
 
-class UnknownTarget(ValueError):
+class UnknownTarget(UsageError):
     pass
 
 
@@ -133,7 +134,7 @@ def status_lines(state: State, settings: dict) -> list[str]:
 @routed
 def extend(state: State, settings: dict, hours: int, save: Save, say: Say) -> None:
     """Move the end of the reservation `hours` later."""
-    raise ValueError(f"only a chameleon lease can be extended (this target is {state.target})")
+    raise UsageError(f"only a chameleon lease can be extended (this target is {state.target})")
 
 
 def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
@@ -145,5 +146,5 @@ def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
     """
     runtime = asked or default_runtime(target, settings)
     if runtime not in RUNTIMES:
-        raise ValueError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+        raise UsageError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
     return runtime

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision.config import PROJECT_ROOT
+from provision.errors import UsageError
 from provision.state import Host, State
 from provision.targets import choose_runtime
 
@@ -27,7 +28,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Callable
         say("local target already provisioned: nothing to do")
         return state
     if state is not None and state.deploy and state.runtime != runtime:
-        raise ValueError(f"deployed with the {state.runtime} runtime: run `fab teardown` first to switch to {runtime}")
+        raise UsageError(f"deployed with the {state.runtime} runtime: run `fab teardown` first to switch to {runtime}")
     new.record(f"provisioned local target ({runtime} runtime)")
     save(new)
     say(f"local target provisioned ({runtime} runtime; serving environment: {serving_venv})")

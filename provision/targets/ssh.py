@@ -6,6 +6,7 @@ import getpass
 import os
 from collections.abc import Callable
 
+from provision.errors import UsageError
 from provision.hosts import check_reachable
 from provision.state import Host, State
 from provision.targets import choose_runtime
@@ -18,12 +19,12 @@ def provision_flags() -> tuple[str, ...]:
 def _hosts(options: dict) -> list[Host]:
     addresses = [a for item in options.get("hosts") or [] for a in str(item).split(",") if a.strip()]
     if not addresses:
-        raise ValueError("the ssh target needs at least one host: fab provision --target ssh --host HOST")
+        raise UsageError("the ssh target needs at least one host: fab provision --target ssh --host HOST")
     user = options.get("user") or getpass.getuser()
     port = int(options.get("port") or 22)
     key = os.path.abspath(os.path.expanduser(options["key"])) if options.get("key") else None
     if key and not os.path.exists(key):
-        raise ValueError(f"the key file {key} does not exist: check --key")
+        raise UsageError(f"the key file {key} does not exist: check --key")
     hosts = []
     for address in addresses:
         address = address.strip()
@@ -43,7 +44,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Callable
         version = check_reachable(host)
         say(f"{host.user}@{host.address}:{host.port} reachable ({version})")
     if state is not None and state.deploy and state.runtime != runtime:
-        raise ValueError(f"deployed with the {state.runtime} runtime: run `fab teardown` first to switch to {runtime}")
+        raise UsageError(f"deployed with the {state.runtime} runtime: run `fab teardown` first to switch to {runtime}")
     new = State(target="ssh", hosts=hosts, serving_venv=serving_venv, runtime=runtime)
     new.record(f"provisioned ssh hosts {', '.join(h.address for h in hosts)} ({runtime} runtime)")
     save(new)

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from provision.config import settings as lab_settings
+from provision.errors import UsageError
 from provision.hosts import forget_host_key
 from provision.state import Host, State
 from provision.targets import choose_runtime
@@ -76,13 +77,13 @@ def config(settings: dict, options: dict | None = None) -> dict:
     merged["node_count"] = int(merged["node_count"])
     merged["ssh_port"] = int(merged["ssh_port"])
     if not 0 < merged["lease_hours"] <= MAX_LEASE_HOURS:
-        raise ValueError(
+        raise UsageError(
             f"lease length {merged['lease_hours']:g} h: choose more than 0 and at most {MAX_LEASE_HOURS} h (7 days)"
         )
     if merged["node_count"] < 1:
-        raise ValueError("node count must be at least 1")
+        raise UsageError("node count must be at least 1")
     if merged["floating_ip"] not in ("reserved", "adhoc"):
-        raise ValueError(
+        raise UsageError(
             f"floating IP {merged['floating_ip']!r} (--floating-ip, lab.chameleon.floating_ip): "
             "use reserved (with the lease) or adhoc"
         )
@@ -96,7 +97,7 @@ def resource_properties(given: list[str]) -> dict[str, str]:
         key, equals, value = item.partition("=")
         key = key.strip().removeprefix("$")
         if not equals or not key or not value.strip():
-            raise ValueError(
+            raise UsageError(
                 f"--resource-property {item!r}: use KEY=VALUE, a property of the site's hosts as the hardware "
                 "browser names it (e.g. gpu.gpu_count=2)"
             )
@@ -124,17 +125,19 @@ def _keys(cfg: dict) -> tuple[str, str | None]:
     """(public key text, private key path or None)."""
     public_path = Path(os.path.expanduser(cfg["public_key"]))
     if not public_path.is_file():
-        raise ValueError(
-            f"no public key at {public_path}: create a key pair with `ssh-keygen -t ed25519` "
-            "or point --public-key (lab.chameleon.public_key) at yours"
+        found = [str(path) for path in sorted(Path(os.path.expanduser("~/.ssh")).glob("id_*.pub"))]
+        yours = f" (yours: {', '.join(found)})" if found else ""
+        raise UsageError(
+            f"no public key at {public_path}: point --public-key (lab.chameleon.public_key) at yours{yours}, "
+            "or make a key pair with `ssh-keygen -t ed25519` and give --public-key ~/.ssh/id_ed25519.pub"
         )
     lines = [line.strip() for line in public_path.read_text().splitlines() if line.strip()]
     if not lines or not lines[0].startswith(("ssh-", "ecdsa-")):
-        raise ValueError(f"{public_path} is not an OpenSSH public key (it should start with ssh-ed25519 or ssh-rsa)")
+        raise UsageError(f"{public_path} is not an OpenSSH public key (it should start with ssh-ed25519 or ssh-rsa)")
     if cfg["private_key"]:
         private = os.path.abspath(os.path.expanduser(cfg["private_key"]))
         if not os.path.isfile(private):
-            raise ValueError(f"the private key {private} does not exist: check --private-key")
+            raise UsageError(f"the private key {private} does not exist: check --private-key")
     else:
         guess = str(public_path)[: -len(".pub")] if str(public_path).endswith(".pub") else ""
         private = os.path.abspath(guess) if guess and os.path.isfile(guess) else None
@@ -162,7 +165,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     held_lease = recorded.get("lease", {})
     asked_lease = options.get("lease") or ""
     if asked_lease and held_lease.get("id") and asked_lease not in (held_lease["id"], held_lease.get("name")):
-        raise ValueError(
+        raise UsageError(
             f"already provisioned on lease {held_lease.get('name')} ({held_lease['id']}): run `fab teardown` "
             f"first to work on lease {asked_lease}, or drop --lease to continue"
         )
@@ -174,7 +177,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
             if key in ("nodes", "resource_properties") and not asked[key]:
                 continue  # not given again: the recorded ones
             if recorded.get(key) is not None and recorded[key] != asked[key]:
-                raise ValueError(
+                raise UsageError(
                     f"already provisioned with {label} {recorded[key]} (asked: {asked[key]}): "
                     "run `fab teardown` first to change it, or drop the flag to continue"
                 )
@@ -315,7 +318,7 @@ def _start_time(asked: str, cloud: ChameleonCloud, info: dict, cfg: dict, say: S
     if asked.strip().lower() == "earliest":
         slot = cloud.next_free_slot(info["node_type"], info["node_count"], cfg["lease_hours"])
         if slot is None:
-            raise ValueError(
+            raise UsageError(
                 f"--start earliest: Blazar's calendar at {info['site']} has no {info['node_count']} x "
                 f"{info['node_type']} to book: choose --node-type, or --start with a time"
             )
@@ -327,10 +330,10 @@ def _start_time(asked: str, cloud: ChameleonCloud, info: dict, cfg: dict, say: S
     try:
         local = datetime.strptime(asked.strip(), "%Y-%m-%d %H:%M")
     except ValueError:
-        raise ValueError(f'--start {asked!r}: use "YYYY-MM-DD HH:MM" (your time zone) or earliest') from None
+        raise UsageError(f'--start {asked!r}: use "YYYY-MM-DD HH:MM" (your time zone) or earliest') from None
     start = local.astimezone(timezone.utc)  # a naive time is this machine's local time
     if start <= now:
-        raise ValueError(
+        raise UsageError(
             f"--start {asked} ({start:%Y-%m-%d %H:%M} UTC) is not in the future: leave it out to start now"
         )
     return start
@@ -768,9 +771,9 @@ def extend(state: State, settings: dict, hours: int, save: Save, say: Say) -> No
     """Move the lease's end `hours` later."""
     lease = state.chameleon.get("lease") or {}
     if not lease.get("id"):
-        raise ValueError("no lease to extend: run `fab provision --target chameleon` first")
+        raise UsageError("no lease to extend: run `fab provision --target chameleon` first")
     if not 0 < float(hours) <= MAX_LEASE_HOURS:
-        raise ValueError(f"--hours {hours}: choose more than 0 and at most {MAX_LEASE_HOURS}")
+        raise UsageError(f"--hours {hours}: choose more than 0 and at most {MAX_LEASE_HOURS}")
     cloud = _cloud(config(settings), state.chameleon.get("site"))
     updated = cloud.extend_lease(lease["id"], float(hours))
     lease.update(updated)

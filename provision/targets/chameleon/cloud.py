@@ -65,6 +65,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 
 from provision import interrupts
+from provision.errors import OperationError
 
 Progress = Callable[[str], None]
 
@@ -115,7 +116,7 @@ DEFAULT_RETRY = {"attempts": 6, "first_delay_s": 2.0, "max_delay_s": 30.0}
 TRANSIENT_HTTP = {500, 502, 503, 504}
 
 
-class ChameleonError(RuntimeError):
+class ChameleonError(OperationError):
     """Something on Chameleon did not work; the message says what and what to do."""
 
 
