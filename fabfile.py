@@ -1,3 +1,4 @@
-"""`fab` looks for fabfile.py; the tasks live in tasks.py (`fab --list` shows them)."""
+"""`fab` looks for fabfile.py; the tasks live in tasks.py (`fab --list` shows them). Their collection
+carries the `lab` defaults as its configuration (provision/config.py says why)."""
 
-from tasks import bench, compare, deploy, extend, logs, provision, run, ssh, status, teardown, tune, tunnel  # noqa: F401
+from tasks import ns  # noqa: F401

@@ -1,10 +1,10 @@
 """Triton model-serving experiments: fab provision -> deploy -> bench -> teardown.
 
-Defaults live in fabric.yaml (section `lab`). Override them with a file of
-your own (`fab -f my-lab.yaml ...`: it ranks above fabric.yaml, which
-~/.fabric.yaml does not), FABRIC_LAB_* environment variables, or the tasks'
-flags; provision.config.settings() merges them, for the tasks and for code
-that runs without Fabric alike.
+The `lab` settings: defaults in provision/defaults.yaml, under ~/.fabric.yaml,
+the project's fabric.yaml, FABRIC_LAB_* variables, `fab -f FILE` and the
+tasks' flags, each beating the one before (provision/config.py; `fab config`
+shows them). Code that runs without Fabric gets the same merge from
+provision.config.settings().
 Each task is a thin layer over the `provision` package, whose modules are the
 pipeline's stages.
 """
@@ -17,8 +17,9 @@ import inspect
 import os
 import sys
 import traceback
+from pathlib import Path
 
-from invoke import Exit, task
+from invoke import Collection, Exit, task
 
 from provision import config, flags, hosts, interrupts, inventory, lock, targets
 from provision import state as state_module
@@ -32,7 +33,8 @@ compare_runs = config.client_script("compare_runs")
 
 
 def _settings(c) -> dict:
-    """The `lab` settings as Invoke merged them (fabric.yaml, FABRIC_LAB_*, `fab -f`)."""
+    """The `lab` settings as Invoke merged them: the defaults (this collection's configuration, below
+    every file), ~/.fabric.yaml, the project's fabric.yaml, FABRIC_LAB_*, `fab -f` (provision/config.py)."""
     return config.settings(c.config.lab)
 
 
@@ -646,3 +648,18 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
     print(f"report: {folder / 'compare.md'}")
     if fail_on_regression and written["regressions"]:
         raise Exit(f"{len(written['regressions'])} regression(s) beyond {float(threshold):.0%}", code=1)
+
+
+@task(name="config")
+def show_config(c):
+    """Print the merged `lab` settings, and where each value that differs from its default came from."""
+    merged = _settings(c)
+    found = config.levels(Path(__file__).resolve().parent, getattr(c.config, "_runtime_path", None))
+    for line in config.explain(merged, found):
+        print(line)
+
+
+# The tasks, with the `lab` defaults as their collection's configuration: Invoke ranks that below
+# ~/.fabric.yaml, the project's fabric.yaml, FABRIC_LAB_* and `fab -f` (provision/config.py).
+ns = Collection.from_module(sys.modules[__name__])
+ns.configure({"lab": config.defaults()})

@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw-seconds", type=float, default=4.0, help="time per raw batch size (s)")
     parser.add_argument("--preprocess-seconds", type=float, default=2.0, help="time per preprocessing figure (s)")
     parser.add_argument("--images", type=int, default=8, help="distinct 512x384 JPEGs cycled through")
-    parser.add_argument("--torch-threads", type=int, help="render this torch_threads (default: fabric.yaml's)")
+    parser.add_argument("--torch-threads", type=int, help="render this torch_threads (default: the lab settings)")
     parser.add_argument("--no-phone", action="store_true", help="leave out the phone-photo figures (about 3 minutes)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (repository, CSVs, log)")

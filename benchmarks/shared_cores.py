@@ -113,7 +113,7 @@ def main() -> None:
             gpu_count=0,
             food11_weights_path=str(work / "weights" / smoke_weights.FOOD11_FILE),
             blip_source=str(work / "weights" / smoke_weights.BLIP_FOLDER),
-            reduced_decoding=True,  # as deployed (fabric.yaml)
+            reduced_decoding=True,  # as deployed (the default)
         )
         input_json = write_input_json(work / "input.json", [sample_images.jpeg(seed=4)])
         servers = {

@@ -1,17 +1,32 @@
-"""The `lab` settings: fabric.yaml, under what the user overrides. The one reader of them.
+"""The `lab` settings, merged in one order for every entry point. The one reader of them.
 
-fabric.yaml is the project's file, which Fabric reads for tasks.py: the tasks
-pass what Invoke merged (fabric.yaml, FABRIC_LAB_* variables, `fab -f FILE`)
-to settings(); code that runs outside Fabric (the benchmarks, `python -m
-provision.local_serving`, the tests) calls settings() with its own overrides
-or none. Either way the result is fabric.yaml's `lab:` section with the
-overrides merged in, key by key, as plain dicts and lists.
+The levels, each beating the one before (docs/configuration.md):
+
+  1. the project's defaults, provision/defaults.yaml
+  2. the user's file, ~/.fabric.yaml (and /etc/fabric.yaml below it)
+  3. the project-local file, fabric.yaml beside tasks.py
+  4. FABRIC_LAB_* environment variables (FABRIC_LAB_PORTS_TRITON_HTTP=9000)
+  5. in `fab`: a runtime file (`fab -f FILE`); then each task's flags
+
+Invoke's own Config does the merge, with the defaults given as the tasks'
+collection configuration: Invoke ranks that below every file, where a project's
+fabric.yaml holding the defaults would rank above the user's file and hide it.
+tasks.py passes what Fabric merged to settings(); code that runs outside Fabric
+(`python -m provision...`, the demo, the benchmarks, the tests) gets the same
+merge from settings(), which builds the same Config. Either way the result is
+plain dicts and lists. A key no default has (`lab.prots`) gets a warning naming
+the closest real one; `fab config` (and `python -m provision.config`) print the
+merged settings and where each changed value came from.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib.util
+import json
+import os
+import sys
 from functools import cache, lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +37,10 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 SERVING_REQUIREMENTS = MODEL_REPOSITORY / "requirements.txt"
 CLIENT_SCRIPTS = PROJECT_ROOT / "client_scripts"
+DEFAULTS_FILE = Path(__file__).resolve().parent / "defaults.yaml"
+ENV_PREFIX = "FABRIC_LAB_"
+# Settings whose value is a mapping of the user's own keys (model -> its settings): no key is misspelled there.
+FREE_FORM = {("models", "tuned")}
 
 
 @cache
@@ -35,9 +54,14 @@ def client_script(name: str) -> ModuleType:
 
 
 @lru_cache(maxsize=1)
-def _project_defaults() -> dict:
-    with open(PROJECT_ROOT / "fabric.yaml", encoding="utf-8") as file:
+def _defaults() -> dict:
+    with open(DEFAULTS_FILE, encoding="utf-8") as file:
         return yaml.safe_load(file)["lab"]
+
+
+def defaults() -> dict:
+    """provision/defaults.yaml's `lab:` section: a fresh copy (the tasks' collection configuration)."""
+    return copy.deepcopy(_defaults())
 
 
 def _plain(value):
@@ -56,12 +80,154 @@ def _merged(base: dict, overrides: dict) -> dict:
     return merged
 
 
+def _invoke_config(project_location: Path = PROJECT_ROOT, runtime_path: str | None = None):
+    """Invoke's Config under Fabric's names (fabric.yaml files, FABRIC_ variables), the defaults at the
+    bottom: what `fab` merges, for code that runs without it."""
+    from invoke import Config
+
+    class FabricNamed(Config):
+        prefix = "fabric"
+
+    config = FabricNamed(
+        defaults={**Config.global_defaults(), "lab": defaults()},
+        project_location=str(project_location),
+        runtime_path=runtime_path,
+    )
+    config.load_project()
+    config.load_runtime()
+    config.load_shell_env()
+    return config
+
+
 def settings(overrides=None) -> dict:
-    """fabric.yaml's `lab:` section with `overrides` merged in key by key: a fresh, plain copy."""
-    return _merged(copy.deepcopy(_project_defaults()), _plain(overrides or {}))
+    """The merged `lab` settings (defaults, user file, project file, FABRIC_LAB_*), then `overrides`
+    (in `fab`: what Fabric merged, its runtime file and the task's flags included): a fresh, plain copy."""
+    merged = _plain(_invoke_config().lab) if overrides is None else _merged(defaults(), _plain(overrides))
+    warn_unknown_keys()
+    return merged
+
+
+# -- where each value comes from, and keys that are no setting --------------------------------------------
+
+
+def _read(path: Path) -> dict:
+    """A settings file's `lab:` section ({} without one); .yaml, .yml or .json, as Invoke reads them."""
+    if not path.is_file():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    return _plain((data or {}).get("lab") or {}) if isinstance(data, dict) else {}
+
+
+def _first_file(prefix: str) -> Path:
+    """Invoke's choice among prefix.yaml, .yml, .json (the first that exists)."""
+    candidates = [Path(os.path.expanduser(f"{prefix}{suffix}")) for suffix in (".yaml", ".yml", ".json")]
+    return next((path for path in candidates if path.is_file()), candidates[0])
+
+
+def levels(project_location: Path = PROJECT_ROOT, runtime_path: str | None = None) -> list[tuple[str, dict]]:
+    """[(where, its `lab` values)], lowest first: what each level sets, as it is written there."""
+    found = [
+        ("defaults (provision/defaults.yaml)", defaults()),
+        (str(_first_file("/etc/fabric")), _read(_first_file("/etc/fabric"))),
+        (str(_first_file("~/.fabric")), _read(_first_file("~/.fabric"))),
+        (str(_first_file(str(project_location / "fabric"))), _read(_first_file(str(project_location / "fabric")))),
+        ("environment (FABRIC_LAB_*)", _environment_values()),
+    ]
+    if runtime_path:
+        found.append((f"fab -f {runtime_path}", _read(Path(runtime_path))))
+    return found
+
+
+def _leaves(tree: dict, path: tuple = ()) -> dict[tuple, object]:
+    """{key path: value} of a settings tree's leaves (a free-form mapping is one leaf)."""
+    found = {}
+    for key, value in tree.items():
+        here = (*path, key)
+        if isinstance(value, dict) and value and here not in FREE_FORM:
+            found.update(_leaves(value, here))
+        else:
+            found[here] = value
+    return found
+
+
+def _environment_names() -> dict[str, tuple]:
+    """{FABRIC_LAB_... variable: the key path it sets}, for every setting (Invoke's naming)."""
+    return {ENV_PREFIX + "_".join(path).upper(): path for path in _leaves(_defaults())}
+
+
+def _environment_values() -> dict:
+    """The FABRIC_LAB_* variables set now, as a `lab` tree (values as the environment gives them)."""
+    tree: dict = {}
+    for name, path in _environment_names().items():
+        if name in os.environ:
+            node = tree
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = os.environ[name]
+    return tree
+
+
+def unknown_keys(project_location: Path = PROJECT_ROOT) -> list[str]:
+    """A line per key no setting has, in a settings file or a FABRIC_LAB_* variable, naming the closest real one."""
+    known = {".".join(("lab", *path)) for path in _leaves(_defaults())}
+    known |= {".".join(("lab", *path[:n])) for path in _leaves(_defaults()) for n in range(1, len(path))}
+    lines = []
+    for where, values in levels(project_location)[1:-1]:  # the files
+        for path in _leaves(values):
+            name = ".".join(("lab", *path))
+            if name not in known and not any(path[: len(free)] == free for free in FREE_FORM):
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                lines.append(f"{name} in {where} is no setting" + (f": did you mean {close[0]}?" if close else ""))
+    names = _environment_names()
+    for variable in sorted(v for v in os.environ if v.startswith(ENV_PREFIX) and v not in names):
+        close = difflib.get_close_matches(variable, names, n=1, cutoff=0.6)
+        lines.append(f"{variable} is no setting" + (f": did you mean {close[0]}?" if close else ""))
+    return lines
+
+
+_warned: set[str] = set()
+
+
+def warn_unknown_keys() -> None:
+    """Print each unknown key's warning once per process, to stderr (a typo would otherwise change nothing silently)."""
+    for line in unknown_keys():
+        if line not in _warned:
+            _warned.add(line)
+            print(f"warning: {line}", file=sys.stderr)
+
+
+SECRET_WORDS = ("secret", "password", "token")
+
+
+def explain(merged: dict, found: list[tuple[str, dict]]) -> list[str]:
+    """`fab config`'s lines: every setting, and for one that differs from its default, where it was set."""
+    sources = {}
+    for where, values in found[1:]:
+        for path in _leaves(values):
+            sources[path] = where  # the last level that sets it wins
+    default = _leaves(_defaults())
+    lines = []
+    for path, value in _leaves(merged).items():
+        name = ".".join(("lab", *path))
+        shown = "(set)" if any(word in name.lower() for word in SECRET_WORDS) and value else json.dumps(value)
+        if path in default and value == default[path]:
+            lines.append(f"{name} = {shown}")
+        else:
+            lines.append(f"{name} = {shown}    <- {sources.get(path, 'a task flag or override')}")
+    credentials = [name for name in sorted(os.environ) if name.startswith("OS_")]
+    lines.append(
+        "credentials: " + (", ".join(f"{name} set" for name in credentials) if credentials else "no OS_* variable set")
+    )
+    return lines
 
 
 def runtime_dir(lab: dict | None = None) -> Path:
-    """The local runtime folder (absolute), from the given settings or fabric.yaml's."""
+    """The local runtime folder (absolute), from the given settings or the merged ones."""
     path = Path((lab or settings())["runtime_dir"])
     return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+if __name__ == "__main__":  # python -m provision.config: the merged settings and where each changed one came from
+    for line in explain(settings(), levels()):
+        print(line)

@@ -12,17 +12,22 @@ import sys
 from pathlib import Path
 
 from provision import config, sample_images
+from provision import state as state_module
 
 FAB = str(Path(sys.executable).parent / "fab")
 
 
 def fab(*args: str) -> str:
+    """Run `fab ARGS`, its output shown as it comes (a deploy takes minutes) and returned."""
     print(f"\n$ fab {' '.join(args)}", flush=True)
-    done = subprocess.run([FAB, *args], cwd=config.PROJECT_ROOT, stdout=subprocess.PIPE, text=True)
-    print(done.stdout, end="", flush=True)
-    if done.returncode != 0:
+    with subprocess.Popen([FAB, *args], cwd=config.PROJECT_ROOT, stdout=subprocess.PIPE, text=True) as running:
+        lines = []
+        for line in running.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    if running.returncode != 0:
         raise SystemExit(f"demo stopped: `fab {' '.join(args)}` failed")
-    return done.stdout
+    return "".join(lines)
 
 
 def main() -> int:
@@ -34,12 +39,15 @@ def main() -> int:
         fab("status")
         photo = config.runtime_dir(settings) / "demo.jpg"
         photo.write_bytes(sample_images.jpeg())
-        print(f"\n$ python client_scripts/classify.py {photo}", flush=True)
-        subprocess.run(
-            [sys.executable, str(config.PROJECT_ROOT / "client_scripts" / "classify.py"), str(photo),
-             "--url", f"127.0.0.1:{settings['ports']['triton_http']}"],
+        # Where this deployment's Triton listens, as deploy recorded it (not the defaults: ports may be moved).
+        triton = f"127.0.0.1:{state_module.require().deploy['ports']['triton_http']}"
+        print(f"\n$ python client_scripts/classify.py {photo} --url {triton}", flush=True)
+        classified = subprocess.run(
+            [sys.executable, str(config.PROJECT_ROOT / "client_scripts" / "classify.py"), str(photo), "--url", triton],
             check=False,
-        )  # fmt: skip
+        )
+        if classified.returncode != 0:
+            raise SystemExit("demo stopped: the classification through Triton failed")
         output = fab("bench", "--quick")
         report = next((line.split(": ", 1)[1] for line in output.splitlines() if line.startswith("report: ")), None)
     finally:

@@ -46,7 +46,7 @@ class RenderValues:
     # model's instance count (decided on that host, in model.py).
     torch_threads: int = 0
     # Decode large JPEGs at reduced size (the classifier's tolerance is in
-    # tests/test_preprocessing.py). Off unless asked: fabric.yaml turns it on.
+    # tests/test_preprocessing.py). Off unless asked: the lab defaults turn it on.
     reduced_decoding: bool = False
     # GPU instances: decode JPEGs with nvJPEG (torchvision.io.decode_jpeg on CUDA).
     gpu_decode: bool = False
@@ -99,7 +99,7 @@ class RenderValues:
         settings: dict | None = None,
         smoke: bool | None = None,
     ):
-        """Values from the `lab` settings (fabric.yaml and its overrides)."""
+        """Values from the `lab` settings (provision/defaults.yaml and its overrides)."""
         models = (settings or lab_settings())["models"]
         return cls(
             smoke=smoke,
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     render_parser.add_argument("--gpus", type=int, required=True, help="GPU count of the serving host")
     render_parser.add_argument("--food11-weights", required=True, help="path of food11.pth on the serving host")
     render_parser.add_argument("--blip-source", required=True, help="BLIP hub id or folder on the serving host")
-    render_parser.add_argument("--settings-json", help="the `lab.models` settings as JSON (default: fabric.yaml's)")
+    render_parser.add_argument("--settings-json", help="the `lab.models` settings as JSON (default: the merged lab settings)")
     smoke = render_parser.add_mutually_exclusive_group()
     smoke.add_argument("--smoke-weights", dest="smoke", action="store_const", const=True, help="label as smoke weights")
     smoke.add_argument("--real-weights", dest="smoke", action="store_const", const=False, help="label as real weights")

@@ -358,8 +358,8 @@ def _unstable_line(summary: dict, model: str, host_name: str) -> str:
     return (
         f"no stable measurement at concurrency {levels}"
         + (f" (perf_analyzer: \"{reason}\")" if reason else "")
-        + f"; see hosts/{host_name}/{model}.log. Longer windows or more trials (lab.bench.<profile> in "
-        "fabric.yaml) or a quieter host help."
+        + f"; see hosts/{host_name}/{model}.log. Longer windows or more trials (lab.bench.<profile>: "
+        "docs/configuration.md) or a quieter host help."
     )
 
 

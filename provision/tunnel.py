@@ -4,7 +4,7 @@ The services listen on the host's bind_address (127.0.0.1) only, so nothing of
 ours is open to the network. The system `ssh` client forwards a local port to
 each of them (`ssh -N -L 127.0.0.1:LOCAL:127.0.0.1:REMOTE ...`) until the user
 presses Ctrl-C. The ports are the ones the deploy recorded in the state (from
-fabric.yaml `lab.ports`), moved by `--offset` when they are taken here.
+the `lab.ports` settings), moved by `--offset` when they are taken here.
 
 The Jupyter token is read from the host (`<home>/run/jupyter.token`, the same
 file for the process and the docker runtime) and only printed to the terminal:

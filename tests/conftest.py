@@ -65,7 +65,7 @@ def render_values(weights_dir) -> RenderValues:
         blip_source=str(weights_dir / smoke_weights.BLIP_FOLDER),
         max_pixels=TEST_MAX_PIXELS,
         max_encoded_bytes=TEST_MAX_ENCODED_BYTES,
-        reduced_decoding=True,  # the fast path (fabric.yaml's default): served and in-process must agree on it too
+        reduced_decoding=True,  # the fast path (the default): served and in-process must agree on it too
     )
 
 

@@ -1,7 +1,7 @@
 """The docker runtime's GPU preflight decides, from one nvidia-smi answer, whether to go on.
 
 The answers are recorded from real kinds of hosts (tests/data/nvidia_smi/); the
-pinned images are those of fabric.yaml (Triton 24.10, torch 2.7.1+cu126).
+pinned images are those of provision/defaults.yaml (Triton 24.10, torch 2.7.1+cu126).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ moves the probabilities by up to 0.019 (0.052 over the crops), mean 0.002;
 re-encoding the decoded JPEG at quality 90 / 95 by up to 0.016 / 0.011 (0.04
 over the crops). Reduced decoding moves the backbone's 1280 ImageNet features
 as much as that one compression does: relative change 0.025 on average against
-0.025 (asserted: at most twice). Hence on by default (fabric.yaml).
+0.025 (asserted: at most twice). Hence on by default (provision/defaults.yaml).
 
 With the real Food-11 weights (FOOD11_WEIGHTS=path/to/food11.pth) the same
 tolerance is asserted on the classifier's own label and top probability. The

@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 raise TritonError(
                     f"port(s) {ports} already in use on this host by another program: {holders}. "
-                    "Stop it, or choose other ports (lab.ports in fabric.yaml, or FABRIC_LAB_PORTS_<NAME>)"
+                    "Stop it, or choose other ports (lab.ports in your fabric.yaml, or FABRIC_LAB_PORTS_<NAME>; `fab config` shows them)"
                 )
             result = {"changed": False}
         elif args.command == "start":

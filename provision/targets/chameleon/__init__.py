@@ -67,7 +67,7 @@ def provision_flags() -> tuple[str, ...]:
 
 
 def config(settings: dict, options: dict | None = None) -> dict:
-    """`settings["chameleon"]` over the project's defaults (fabric.yaml `lab.chameleon`), under the task's flags."""
+    """`settings["chameleon"]` over the defaults (provision/defaults.yaml `lab.chameleon`), under the task's flags."""
     merged = lab_settings({"chameleon": settings.get("chameleon") or {}})["chameleon"]
     for option, key in _OPTION_NAMES.items():
         value = (options or {}).get(option)
