@@ -1,7 +1,7 @@
 # Two commands for a fresh machine (Python 3.10+ and make):
 #   make demo   set everything up, run the main job on the local target
 #   make test   set everything up, run all tests (the docker runtime's included)
-# And: make check         the fast tier, for every change (README: Tests)
+# And: make check         the fast tier, for every change (docs/testing.md)
 #      make test-docker   only the docker runtime's end-to-end test
 # Everything lands in .venv (the project's environment) and .runtime (Triton, weights, logs).
 
@@ -18,7 +18,7 @@ demo: setup
 	$(BIN)/python -m provision.demo
 
 # pytest-xdist workers (0: none, in-process). Two: the suite waits on servers, SSH and
-# builds about half the time (README: Tests has the figures).
+# builds about half the time (docs/testing.md has the figures).
 CHECK_WORKERS ?= 2
 TEST_WORKERS ?= 2
 # More pytest options: make test PYTEST_ARGS="--durations=40 -x"

@@ -46,7 +46,7 @@ from tritonclient.utils import InferenceServerException
 log = logging.getLogger("api")
 
 CLASSIFIER_VARIANTS = "food_classifier,gpu_food_classifier,batching_food_classifier,multigpu_food_classifier"
-INPUT_NAME = "INPUT_IMAGE"  # the models' input tensor (REFERENCE section 5: the seed sent "INPUT")
+INPUT_NAME = "INPUT_IMAGE"  # the models' input tensor (the seed's own FastAPI app sent "INPUT", which no model has)
 # Room for the multipart framing (boundaries, part headers) around the file itself.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 

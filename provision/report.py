@@ -36,7 +36,7 @@ INPUT_ENCODING_WORDS = {
     "base64": "one image per request, sent as its base64 text (lab.bench.input_encoding: base64)",
 }
 
-# serve-system-chi on 2 x P100 (REFERENCE.md section 6), concurrency 8 unless noted.
+# serve-system-chi on 2 x P100 (the figures the course publishes), concurrency 8 unless noted.
 PUBLISHED_P100 = [
     ("python backend, 1 instance, no batching", "8", 52.4, 152),
     ("+ dynamic batching", "8", 78.6, 101),

@@ -24,7 +24,7 @@ is in the report.
 Triton Model Analyzer (triton-model-analyzer 1.46.0, tried against this Triton
 2.51) is not used: its remote mode profiles only the config the server already
 has, and its local mode starts a server of its own per configuration and writes
-the configs itself, not from our templates (README: fab tune).
+the configs itself, not from our templates (docs/tune.md).
 """
 
 from __future__ import annotations

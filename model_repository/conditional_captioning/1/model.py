@@ -23,7 +23,7 @@ import os
 # torch's OpenMP threads spin while they wait for work. Where other work shares
 # the cores (the two models of the ensemble, perf_analyzer, a second server), a
 # spinning thread keeps the one it waits for off the CPU: two servers on 2 cores
-# fell from about 60 to 1 infer/s each (README: Performance). Passive waiting
+# fell from about 60 to 1 infer/s each (docs/performance.md). Passive waiting
 # costs about a quarter of one model's throughput when it has the cores alone.
 # libgomp reads this once, when torch loads it: so before `import torch`.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

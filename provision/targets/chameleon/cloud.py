@@ -4,7 +4,7 @@ Everything the chameleon target does with the cloud goes through `ChameleonCloud
 whose methods take and return plain values (ids, addresses, dicts of our own), so
 the stage logic in provision/targets/chameleon/__init__.py never sees a python-chi object
 and python-chi's quirks are handled here, once. python-chi 1.2.10 pitfalls met
-(see ../shared/REFERENCE.md section 2) and what this module does about them:
+(read in its source, and met against a fake OpenStack) and what this module does about them:
 
 - `pip install python-chi` does not bring blazarclient, so `chi.lease` fails to
   import: the project depends on python-blazarclient, and a missing one is
