@@ -1,8 +1,13 @@
-"""The front page stays a front page, and every link of the docs leads somewhere."""
+"""The front page stays a front page, every link of the docs leads somewhere, and the package that
+`pip install .` builds holds every module of the tree."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 
 from provision.config import PROJECT_ROOT
 
@@ -28,3 +33,23 @@ def test_every_relative_link_of_the_readme_and_the_docs_resolves():
 def test_the_docs_cite_no_file_outside_the_repository():
     for page in PAGES:
         assert "../shared" not in page.read_text() and "REFERENCE.md" not in page.read_text(), page
+
+
+def test_the_wheel_holds_every_module_of_the_package(tmp_path):
+    source = tmp_path / "source"  # a copy: setuptools builds in the source tree
+    shutil.copytree(PROJECT_ROOT, source, ignore=shutil.ignore_patterns(
+        ".venv", ".runtime", ".state", "results", ".git", "__pycache__", "*.egg-info", "build", "tests", "benchmarks",
+    ))  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(tmp_path),
+         str(source)],
+        check=True, cwd=tmp_path,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("*.whl")
+    held = set(zipfile.ZipFile(wheel).namelist())
+    tree = {
+        str(path.relative_to(PROJECT_ROOT))
+        for path in (PROJECT_ROOT / "provision").rglob("*")
+        if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts
+    }
+    assert tree - held == set(), "left out of the wheel"
