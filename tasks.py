@@ -650,6 +650,25 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
         raise Exit(f"{len(written['regressions'])} regression(s) beyond {float(threshold):.0%}", code=1)
 
 
+@task(
+    positional=["line"],
+    help={
+        "line": 'perf_analyzer\'s command line as you would type it, quoted: "perf_analyzer -m food_classifier '
+        '--input-data input.json -b 1 --concurrency-range 8" (-u is set to the deployed Triton; a local '
+        "--input-data file is copied to the host)",
+        "node": "which host (name or index, default the first)",
+    },
+)
+@_fails_cleanly()
+def perf(c, line, node="0"):
+    """Run perf_analyzer by hand on a deployed host, where fab bench runs it (the course's commands work as typed)."""
+    from provision.perf_by_hand import run as run_perf
+
+    code = run_perf(_state(), line, node, say=lambda text: print(text, flush=True))
+    if code:
+        raise Exit(f"perf_analyzer exited {code}", code=code)
+
+
 @task(name="config")
 def show_config(c):
     """Print the merged `lab` settings, and where each value that differs from its default came from."""

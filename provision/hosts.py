@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 from provision.errors import OperationError, UsageError
 from provision.state import Host
@@ -36,6 +38,18 @@ def run(host: Host, command: str, timeout_s: float = 60, env: dict | None = None
     except Exception as error:  # noqa: BLE001 - paramiko raises many kinds; all mean "cannot use the host"
         raise HostError(describe_ssh_error(host, error)) from None
     return subprocess.CompletedProcess(command, result.exited, result.stdout, result.stderr)
+
+
+def put(host: Host, local: Path, remote: str, timeout_s: float = 60) -> None:
+    """Copy a file of this machine to the host (an absolute path there)."""
+    if host.connection == "local":
+        shutil.copyfile(local, remote)
+        return
+    try:
+        with _connection(host, timeout_s) as connection:
+            connection.put(str(local), remote)
+    except Exception as error:  # noqa: BLE001 - as in run()
+        raise HostError(describe_ssh_error(host, error)) from None
 
 
 def describe_ssh_error(host: Host, error: Exception) -> str:

@@ -17,6 +17,7 @@ results/<run-id>/
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from provision.perf import parse_csv, unstable_reason
@@ -218,7 +219,21 @@ def _gpu_metrics_line(summary: dict) -> str:
     return "- GPU metrics: none collected (CPU host: perf_analyzer ran without --collect-metrics)"
 
 
-def _markdown(summary: dict, host_name: str) -> str:
+def by_hand(command: str, host_results: Path) -> str:
+    """The bench's perf_analyzer line as `fab perf` takes it, to paste as it is: the input the bench
+    used (saved with the results), the deployed Triton filled in by fab perf, no CSV written."""
+    words, kept, index = shlex.split(command), [], 0
+    while index < len(words):
+        word = words[index]
+        if word in ("-u", "-f"):  # fab perf points -u at the deployed Triton; the CSV was the bench's
+            index += 2
+            continue
+        kept += [word, str(host_results / "input.json")] if word == "--input-data" else [word]
+        index += 2 if word == "--input-data" else 1
+    return f"fab perf {shlex.quote(shlex.join(kept))}"
+
+
+def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str:
     lines = [f"# Benchmark {summary['run_id']}", ""]
     if summary.get("partial"):
         lines += [f"> **PARTIAL**: {_partial_line(summary['partial'])}", ""]
@@ -281,7 +296,11 @@ def _markdown(summary: dict, host_name: str) -> str:
             lines += ["", "GPU metrics: none for this model."]
         if missing:
             lines += ["", _unstable_line(summary, model, host_name)]
-        lines += ["", f"perf_analyzer: `{summary['commands'].get(model, '')}`", ""]
+        command = summary["commands"].get(model, "")
+        lines += ["", f"perf_analyzer: `{command}`"]
+        if command and results is not None:
+            lines += [f"again by hand, from the project folder: `{by_hand(command, results / 'hosts' / host_name)}`"]
+        lines += [""]
     if summary["p100_comparison"]:
         lines += [
             "## Beside the published P100 figures (serve-system-chi, 2 x P100)",
@@ -345,7 +364,7 @@ def write_report(
     title = " (SMOKE WEIGHTS)" if smoke_weights else ""
     summary["plots"] = _plots(results, models, title)
     (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (results / "report.md").write_text(_markdown(summary, first))
+    (results / "report.md").write_text(_markdown(summary, first, results))
     if partial:
         (results / "PARTIAL.md").write_text(f"# Partial run\n\n{_partial_line(partial)}\n")
     return summary

@@ -53,3 +53,4 @@ def test_the_wheel_holds_every_module_of_the_package(tmp_path):
         if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts
     }
     assert tree - held == set(), "left out of the wheel"
+

@@ -13,6 +13,7 @@ import os
 import queue
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from food11 import FOOD11_LABELS
 from helpers import post_image
 
 from provision import sample_images
+from provision.config import PROJECT_ROOT
 from provision.host.background import port_is_free
 from provision.model_repo import model_names
 
@@ -48,6 +50,23 @@ def provision_args(target: str, sshd) -> list[str]:
         # The host is this machine: reuse the project's environment instead of a second torch install.
         "--serving-venv", sys.prefix,
     ]  # fmt: skip
+
+
+def check_perf_analyzer_by_hand(lab: Lab) -> None:
+    """`fab perf`: the course's perf_analyzer line as typed (its -u, its base64 input.json) runs on the host."""
+    photo, course_input = lab.root / "photo.jpg", lab.root / "input.json"
+    photo.write_bytes(sample_images.jpeg(seed=3))
+    subprocess.run(
+        [sys.executable, "client_scripts/make_perf_input.py", str(photo), "-o", str(course_input), "--encoding",
+         "base64"],
+        cwd=PROJECT_ROOT, check=True,
+    )  # fmt: skip
+    done = lab.fab(
+        "perf", f"perf_analyzer -u triton_server:8000 -m food_classifier --input-data {course_input} -b 1 "
+        "--concurrency-range 1 --measurement-mode count_windows --measurement-request-count 4",
+    )  # fmt: skip
+    assert f"-u 127.0.0.1:{lab.ports['triton_http']} -m food_classifier --input-data input.json" in done.stdout
+    assert "Throughput:" in done.stdout and "infer/sec" in done.stdout, done.stdout
 
 
 def assert_jupyter_needs_its_token(status: str) -> None:
@@ -191,6 +210,7 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
         here = lab.fab("tunnel")  # information, not an error
         assert "the local target is this machine: the services are already at " in here.stdout
         assert f"http://127.0.0.1:{lab.ports['triton_http']}/v2/health/ready" in here.stdout
+    check_perf_analyzer_by_hand(lab)
 
     # A changed model config (here: the instance count of one variant) is loaded into the running
     # server: the model it touches is copied and loaded again, no other model, nothing restarted.
@@ -235,6 +255,11 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     assert base64.b64decode(entry["INPUT_IMAGE"]["b64"])[4:] == (results / "input.jpg").read_bytes()
     for plot in ("throughput.png", "latency.png"):
         assert (results / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The report's command, pasted as it is: the same measurement again, by hand.
+    pasted = re.search(r"again by hand, from the project folder: `fab perf ('perf_analyzer -m food_classifier [^`]+)`",
+                       report).group(1)  # fmt: skip
+    again = lab.fab("perf", *shlex.split(pasted), timeout=300).stdout
+    assert "Throughput:" in again and "infer/sec" in again, again
 
     token = re.search(r"lab\?token=(\S+)", status).group(1)
     written = [deploy_dir / "run", lab.state_file.parent, results]
