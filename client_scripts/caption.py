@@ -1,6 +1,6 @@
 """Caption image files with the ensemble (classifier -> label-conditioned BLIP), directly or through the API.
 
-python client_scripts/caption.py photo.jpg [more.jpg ...] [--url localhost:8000] [--model ensemble]
+python client_scripts/caption.py photo.jpg [more.jpg ...] [--url HOST:PORT] [--model ensemble]
 python client_scripts/caption.py photo.jpg --api http://127.0.0.1:8080   # through the FastAPI service
 
 Prints one line per file: `photo.jpg: [Soup 0.958] a photo of soup, ...`.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.http as triton_http
-from classify import ApiError, post_image  # noqa: I001 (a sibling script: client_scripts/ is on sys.path)
+from classify import ApiError, deployed_triton, post_image  # noqa: I001 (a sibling script: client_scripts/ is on sys.path)
 from tritonclient.utils import InferenceServerException
 
 OUTPUTS = ("OUTPUT", "FOOD_LABEL", "PROBABILITY")  # the caption and the label it was conditioned on
@@ -53,7 +53,9 @@ def caption_files_via_api(api_url: str, paths: list[Path]) -> list[tuple[str, st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", type=Path, help="image files (JPEG, PNG, ...)")
-    parser.add_argument("--url", default="localhost:8000", help="Triton HTTP endpoint, host:port (default %(default)s)")
+    parser.add_argument(
+        "--url", default=deployed_triton(), help="Triton HTTP endpoint, host:port (default: the deployed one, %(default)s)"
+    )
     parser.add_argument("--api", metavar="URL", help="go through the FastAPI service at URL instead of Triton")
     parser.add_argument("--model", default="ensemble", help="the captioning model on Triton (default %(default)s)")
     args = parser.parse_args(argv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -24,6 +25,18 @@ from tritonclient.utils import InferenceServerException
 
 class ApiError(RuntimeError):
     """The API answered with an error; the message is its `detail`."""
+
+
+def deployed_triton(default: str = "localhost:8000") -> str:
+    """Where this checkout's deployment answers: 127.0.0.1 and the Triton HTTP port `fab deploy` recorded
+    (on this machine, or forwarded by `fab tunnel`); `default` where nothing is deployed from here
+    (on a host, in a container). Read from the state file (LAB_STATE_FILE, else .state/state.json)."""
+    state_file = Path(os.environ.get("LAB_STATE_FILE") or Path(__file__).resolve().parent.parent / ".state" / "state.json")
+    try:
+        ports = json.loads(state_file.read_text())["deploy"]["ports"]
+        return f"127.0.0.1:{int(ports['triton_http'])}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
 
 
 def classify_files(url: str, model: str, paths: list[Path]) -> list[tuple[str, float]]:
@@ -85,7 +98,9 @@ def classify_files_via_api(api_url: str, model: str | None, paths: list[Path]) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("images", nargs="+", type=Path, help="image files (JPEG, PNG, ...)")
-    parser.add_argument("--url", default="localhost:8000", help="Triton HTTP endpoint, host:port (default %(default)s)")
+    parser.add_argument(
+        "--url", default=deployed_triton(), help="Triton HTTP endpoint, host:port (default: the deployed one, %(default)s)"
+    )
     parser.add_argument("--api", metavar="URL", help="go through the FastAPI service at URL instead of Triton")
     parser.add_argument(
         "--model", help="classifier variant (default batching_food_classifier; with --api, the API's default)"

@@ -211,6 +211,12 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
         assert "the local target is this machine: the services are already at " in here.stdout
         assert f"http://127.0.0.1:{lab.ports['triton_http']}/v2/health/ready" in here.stdout
     check_perf_analyzer_by_hand(lab)
+    # The client script finds the deployment (its moved ports) in the state, without --url.
+    found = subprocess.run(
+        [sys.executable, "client_scripts/classify.py", str(lab.root / "photo.jpg")], env=lab.env(), cwd=PROJECT_ROOT,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert found.returncode == 0 and found.stdout.split(": ")[1].split(" (")[0] in FOOD11_LABELS, found.stderr
 
     # A changed model config (here: the instance count of one variant) is loaded into the running
     # server: the model it touches is copied and loaded again, no other model, nothing restarted.
