@@ -76,11 +76,9 @@ def run(state: State, line: str, node: str = "0", say: Callable[[str], None] = p
         command = [*place["exec"], f"{place['tools']}perf_analyzer", *args]
         sudo = "sudo " if place["become"] and host.user != "root" else ""
         say(f"on {host.name}: {shlex.join(command)}")
+        libraries = shlex.quote(f"{deployed['home']}/triton/lib")  # the process runtime's perf_analyzer libraries
         done = host_commands.run(
-            host,
-            f"cd {shlex.quote(folder)} && {sudo}{shlex.join(command)}",
-            timeout_s=3600,
-            env={"LD_LIBRARY_PATH": f"{deployed['home']}/triton/lib"},  # the process runtime's perf_analyzer libraries
+            host, f"cd {shlex.quote(folder)} && LD_LIBRARY_PATH={libraries} {sudo}{shlex.join(command)}", timeout_s=3600
         )
         say((done.stdout + done.stderr).rstrip())
         return done.returncode
