@@ -63,7 +63,8 @@ def check_perf_analyzer_by_hand(lab: Lab) -> None:
     )  # fmt: skip
     done = lab.fab(
         "perf", f"perf_analyzer -u triton_server:8000 -m food_classifier --input-data {course_input} -b 1 "
-        "--concurrency-range 1 --measurement-mode count_windows --measurement-request-count 4",
+        "--concurrency-range 1 --measurement-mode count_windows --measurement-request-count 4 "
+        "--stability-percentage 999",  # a busy test machine: any window will do
     )  # fmt: skip
     assert f"-u 127.0.0.1:{lab.ports['triton_http']} -m food_classifier --input-data input.json" in done.stdout
     assert "Throughput:" in done.stdout and "infer/sec" in done.stdout, done.stdout
