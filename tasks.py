@@ -577,8 +577,8 @@ def extend(c, hours=1, no_wait=False):
 def ssh(c, node="0"):
     """Open a shell on a provisioned host."""
     chosen = hosts.select(_state().hosts, node)
-    if chosen.connection == "local":
-        raise Exit("error: the local target is this machine: no SSH needed")
+    if hosts.is_this_machine(chosen):
+        raise Exit(f"error: {hosts.THIS_MACHINE}: no SSH needed")
     os.execvp("ssh", hosts.ssh_client_command(chosen))
 
 

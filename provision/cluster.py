@@ -34,8 +34,8 @@ class ClusterError(UsageError):
 
 def cluster_address(host: Host) -> str:
     """Where the other hosts reach this one's services."""
-    if host.connection == "local":
-        raise ClusterError("a cluster needs hosts of their own: the local target has one host, this machine")
+    if host_commands.is_this_machine(host):
+        raise ClusterError(f"a cluster needs hosts of their own: {host_commands.THIS_MACHINE}, one host")
     return host.private_address or host.address
 
 

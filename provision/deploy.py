@@ -105,7 +105,6 @@ def extravars(settings: dict, state: state_module.State, cluster: dict | None = 
     # Where firewalld runs: what this deployment needs open, and what an earlier one opened that it does not.
     needed = firewall.openings(state, cluster, settings["ports"], settings["bind_address"])
     return {
-        "lab_runtime": state.runtime,
         "lab_runtime_tasks": runtimes.tasks_folder(state.runtime),  # the runtime's task files, included by the plays
         "lab_deploy_dir": home,
         "lab_serving_venv": state.serving_venv or "",

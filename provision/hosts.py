@@ -16,6 +16,15 @@ class HostError(OperationError):
     """A host cannot be reached or refused us; the message says what to check."""
 
 
+# The one answer to "is this host the machine fab runs on?" (the local target), and the words for it.
+THIS_MACHINE = "the local target is this machine"
+
+
+def is_this_machine(host: Host) -> bool:
+    """Whether the host is the machine fab runs on: no SSH to it, no tunnel, no cluster of it."""
+    return host.connection == "local"
+
+
 def _connection(host: Host, timeout_s: float):
     from fabric import Connection
 
@@ -30,7 +39,7 @@ def run(host: Host, command: str, timeout_s: float = 60, env: dict | None = None
     """Run a shell command on the host; returns its exit status and output (never raises on status)."""
     if env:
         command = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()) + " " + command
-    if host.connection == "local":
+    if is_this_machine(host):
         return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout_s)
     try:
         with _connection(host, timeout_s) as connection:
@@ -42,7 +51,7 @@ def run(host: Host, command: str, timeout_s: float = 60, env: dict | None = None
 
 def put(host: Host, local: Path, remote: str, timeout_s: float = 60) -> None:
     """Copy a file of this machine to the host (an absolute path there)."""
-    if host.connection == "local":
+    if is_this_machine(host):
         shutil.copyfile(local, remote)
         return
     try:

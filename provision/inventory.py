@@ -29,7 +29,6 @@ def render(state: state_module.State) -> Path:
     template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     text = template.render(
         state_file=state_module.state_file(),
-        target=state.target,
         hosts=state.hosts,
         controller_python=sys.executable,
         known_hosts=known_hosts_file(),

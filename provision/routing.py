@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from types import ModuleType
 
@@ -27,11 +28,35 @@ def router(package: str, names: tuple[str, ...], unknown: type[Exception], kind:
         return importlib.import_module(f"{package}.{name}")
 
     def routed(default: Callable) -> Callable:
+        declared = inspect.signature(default)
+
         @functools.wraps(default)
         def call(name: str, *args, **kwargs):
-            implementation = getattr(get(name), default.__name__, None)
-            return (implementation or default)(*args, **kwargs)
+            module = get(name)
+            implementation = getattr(module, default.__name__, None)
+            try:
+                declared.bind(*args, **kwargs)  # a wrong call fails here, naming the declaration
+            except TypeError as error:
+                raise TypeError(f"{package}.{default.__name__}{declared}: {error}") from None
+            if implementation is not None:
+                _check_implements(implementation, default, f"{package}.{name}.{default.__name__}")
+                return implementation(*args, **kwargs)
+            return default(*args, **kwargs)
 
         return call
 
     return get, routed
+
+
+def _check_implements(implementation: Callable, default: Callable, where: str) -> None:
+    """An axis module's function takes the declared parameters, by name and in order (it may take fewer
+    at the end only where the declaration's are optional): a mismatch fails at once, naming both."""
+    declared = list(inspect.signature(default).parameters.values())
+    given = list(inspect.signature(implementation).parameters.values())
+    names = [p.name for p in given]
+    required_declared = [p.name for p in declared if p.default is inspect.Parameter.empty]
+    if names != [p.name for p in declared][: len(names)] or len(names) < len(required_declared):
+        raise TypeError(
+            f"{where}{inspect.signature(implementation)} does not match its declaration "
+            f"{default.__module__}.{default.__name__}{inspect.signature(default)}"
+        )

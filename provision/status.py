@@ -43,7 +43,7 @@ def describe(state: state_module.State) -> list[str]:
     lines += clusters.balancer_status(state)
     for name, status in host_status(state).items():
         host = next(h for h in state.hosts if h.name == name)
-        where = "this machine" if host.connection == "local" else f"{host.user}@{host.address}:{host.port}"
+        where = "this machine" if host_commands.is_this_machine(host) else f"{host.user}@{host.address}:{host.port}"
         lines.append(f"host {name} ({where})")
         if "error" in status:
             lines.append(f"  error: {status['error']}")

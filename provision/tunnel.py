@@ -151,7 +151,7 @@ def local_target_message(state: State, host: Host) -> str:
     urls = [
         f.url(f.remote_address, f.remote_port, token if f.service == "jupyter" else None) for f in forwards(state, host)
     ]
-    return f"the local target is this machine: the services are already at {', '.join(urls)} (no tunnel needed)"
+    return f"{host_commands.THIS_MACHINE}: the services are already at {', '.join(urls)} (no tunnel needed)"
 
 
 class _Ssh:
@@ -210,7 +210,7 @@ def run(state: State, node: str = "0", offset: int = 0, say: Callable[[str], Non
         raise TunnelError(str(error)) from None
     if state.deploy.get("status") != "deployed" or not state.deploy.get("ports"):
         raise TunnelError("nothing is deployed: run `fab deploy` first")
-    if host.connection == "local":  # nothing to forward: information, not an error
+    if host_commands.is_this_machine(host):  # nothing to forward: information, not an error
         say(local_target_message(state, host))
         return
     planned = forwards(state, host, offset)

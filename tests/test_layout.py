@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from provision import runtimes, targets
+from provision.routing import _check_implements
 
 ROOT = Path(__file__).resolve().parent.parent
 AXES = (ROOT / "provision" / "targets", ROOT / "provision" / "runtimes")
@@ -143,6 +144,46 @@ def test_a_target_without_an_operation_of_its_own_gets_the_declared_default():
     assert targets.deadline("ssh", None, settings) is None
     assert targets.default_runtime("ssh", settings) == "process"
     assert targets.default_runtime("chameleon", settings) == "docker"
+
+
+def _operations(axis) -> dict:
+    """{name: declaration} of an axis's routed operations."""
+    return {
+        name: op.__wrapped__ for name, op in vars(axis).items()
+        if callable(op) and getattr(getattr(op, "__wrapped__", None), "__module__", "") == axis.__name__
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("axis", "names"), [(targets, targets.TARGETS), (runtimes, runtimes.RUNTIMES)], ids=["targets", "runtimes"])
+def test_every_module_s_operation_takes_the_declared_parameters(axis, names):
+    operations = _operations(axis)
+    assert len(operations) > 5
+    for name in names:
+        module = axis.get(name)
+        for op_name, declared in operations.items():
+            if hasattr(module, op_name):
+                _check_implements(getattr(module, op_name), declared, f"{name}.{op_name}")  # raises on a mismatch
+
+
+def test_a_call_that_does_not_fit_the_declaration_fails_at_once_naming_it():
+    with pytest.raises(TypeError, match=r"provision.targets.deploy_dir\(settings: .*: missing a required argument: 'state'"):
+        targets.deploy_dir("ssh", {})
+
+    def deploy_dir(state, settings):  # the parameters swapped
+        return ""
+
+    with pytest.raises(TypeError, match=r"x.deploy_dir\(state, settings\) does not match its declaration"):
+        _check_implements(deploy_dir, _operations(targets)["deploy_dir"], "x.deploy_dir")
+
+
+def test_one_place_answers_whether_a_host_is_this_machine():
+    """hosts.is_this_machine (and the inventory template, which renders Ansible's local connection)."""
+    files = [ROOT / "tasks.py", *sorted((ROOT / "provision").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py"))]
+    asking = [
+        str(path.relative_to(ROOT)) for path in files
+        if path != ROOT / "provision" / "hosts.py" and re.search(r"connection\s*[!=]=\s*[\"']local", path.read_text())
+    ]  # fmt: skip
+    assert asking == []
 
 
 def test_the_deploy_reaches_nothing_of_the_local_serving_stack():
