@@ -641,9 +641,13 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
         "differ in: "
         + ("; ".join(differing) if differing else "nothing recorded (commit, versions, hardware, configs)")
     )
+    parts = {(c["run"], c["model"], c["concurrency"]): c for c in written["split_changes"]}
     for found in written["regressions"]:
+        part = parts.get((found["run"], found["model"], found["concurrency"]))
+        grew = f"; the average mostly in {part['part'].replace('_', ' ')} ({part['change_us'] / 1000:+.1f} ms)" if part else ""
         print(
-            f"REGRESSION {found['run']}: {found['model']} c={found['concurrency']} {found['figure']} x{found['ratio']:.2f}"
+            f"REGRESSION {found['run']}: {found['model']} c={found['concurrency']} {found['figure']} "
+            f"x{found['ratio']:.2f}{grew}"
         )
     print(f"report: {folder / 'compare.md'}")
     if fail_on_regression and written["regressions"]:

@@ -160,9 +160,30 @@ def side_by_side(runs: list[dict]) -> list[dict]:
                     "throughput": [m["throughput"] for m in measured],
                     "p95_us": [m.get("p95_us") for m in measured],
                     "p99_us": [m.get("p99_us") for m in measured],
+                    "split_us": [m.get("split_us") or {} for m in measured],  # where each run's average went
                 }
             )
     return rows
+
+
+def split_changes(runs: list[dict], rows: list[dict]) -> list[dict]:
+    """For each later run and row both runs split: which part of the average latency changed most from
+    run A's, in microseconds (the part that grew, when the average grew)."""
+    found = []
+    for row in rows:
+        base = row["split_us"][0]
+        for index, run in enumerate(runs[1:], start=1):
+            later = row["split_us"][index]
+            common = [part for part in base if part in later]
+            if not common:
+                continue
+            change = {part: later[part] - base[part] for part in common}
+            part = max(change, key=lambda name: abs(change[name]))
+            found.append(
+                {"run": run["run_id"], **_where(row), "part": part, "change_us": change[part],
+                 "average_change_us": sum(later[p] for p in common) - sum(base[p] for p in common)}
+            )  # fmt: skip
+    return found
 
 
 def _ratio(value, base) -> float | None:
@@ -252,6 +273,18 @@ def markdown(runs: list[dict], threshold: float = DEFAULT_THRESHOLD, plot: str |
         lines += [f"Not measured by every run (left out): {', '.join(only)}", ""]
     if plot:
         lines += [f"![throughput and p99 of every run]({plot})", ""]
+    changes = split_changes(runs, rows)
+    if changes:
+        lines += ["## Where the latency changed", ""]
+        lines.append("Per model and concurrency, the part of the average latency that changed most against run A (ms).")
+        lines += ["", "| run | model | concurrency | average change | most changed part | its change |",
+                  "|---|---|---:|---:|---|---:|"]  # fmt: skip
+        lines += [
+            f"| {c['run']} | {c['model']} | {c['concurrency']} | {c['average_change_us'] / 1000:+.2f} "
+            f"| {c['part'].replace('_', ' ')} | {c['change_us'] / 1000:+.2f} |"
+            for c in changes
+        ]
+        lines.append("")
     found = regressions(runs, rows, threshold)
     quick = [run["run_id"] for run in runs if (run.get("profile") or {}).get("name") == "quick"]
     lines += ["## Regressions", ""]
@@ -301,10 +334,15 @@ def plot(runs: list[dict], path: Path) -> Path:
 
 
 def write(runs: list[dict], out: Path, threshold: float = DEFAULT_THRESHOLD) -> dict:
-    """compare.md and compare.png in `out`; returns {"markdown", "regressions", "rows"}."""
+    """compare.md and compare.png in `out`; returns {"markdown", "regressions", "rows", "split_changes"}."""
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, out / "compare.png")
     text = markdown(runs, threshold, plot="compare.png")
     (out / "compare.md").write_text(text)
     rows = side_by_side(runs)
-    return {"markdown": text, "rows": rows, "regressions": regressions(runs, rows, threshold)}
+    return {
+        "markdown": text,
+        "rows": rows,
+        "regressions": regressions(runs, rows, threshold),
+        "split_changes": split_changes(runs, rows),
+    }

@@ -156,16 +156,20 @@ class PerfRun:
         return result
 
 
-# perf_analyzer 2.51 writes no "Avg latency" column: the average is the sum of its parts.
-_LATENCY_PARTS = (
-    "Client Send",
-    "Network+Server Send/Recv",
-    "Server Queue",
-    "Server Compute Input",
-    "Server Compute Infer",
-    "Server Compute Output",
-    "Client Recv",
-)
+# Where a request's time goes, as perf_analyzer splits its average latency (microseconds), and our
+# names for the parts, in the order a request meets them. perf_analyzer 2.51 writes no "Avg latency"
+# column: the average is the sum of its parts ("Network+Server Send/Recv" is what the server adds
+# beyond its own queue and compute: the wire and Triton's HTTP handling).
+LATENCY_SPLIT = {
+    "Client Send": "client_send",
+    "Network+Server Send/Recv": "network_and_server_send_recv",
+    "Server Queue": "server_queue",
+    "Server Compute Input": "server_compute_input",
+    "Server Compute Infer": "server_compute_infer",
+    "Server Compute Output": "server_compute_output",
+    "Client Recv": "client_recv",
+}
+_LATENCY_PARTS = tuple(LATENCY_SPLIT)
 
 
 # What perf_analyzer says when it gives up on a level (it then measures no higher one).
@@ -233,6 +237,8 @@ def _gpus(raw: dict) -> dict[str, dict]:
 def parse_csv(path: Path) -> list[dict]:
     """perf_analyzer's CSV -> [{"concurrency": 2, "throughput": 51.2, "p50_us": ...}], by concurrency.
 
+    "split_us": {part: microseconds} is where the average latency went (LATENCY_SPLIT's parts).
+
     With GPU metrics (PerfRun.metrics_url) a row also has "gpus": {uuid: {"utilization": fraction
     0..1, "power_w": watts, "memory_used_bytes": peak bytes, "memory_total_bytes": bytes}}; a
     GPU lacks a key whose metric Triton did not report. Rows without GPU metrics (no such
@@ -246,8 +252,9 @@ def parse_csv(path: Path) -> list[dict]:
                 if column in raw and raw[column] not in ("", None):
                     value = float(raw[column])
                     row[name] = int(value) if name == "concurrency" else value
-            if "avg_us" not in row and all(raw.get(part) not in ("", None) for part in _LATENCY_PARTS):
-                row["avg_us"] = sum(float(raw[part]) for part in _LATENCY_PARTS)
+            if all(raw.get(part) not in ("", None) for part in _LATENCY_PARTS):
+                row["split_us"] = {name: float(raw[part]) for part, name in LATENCY_SPLIT.items()}
+                row.setdefault("avg_us", sum(row["split_us"].values()))
             gpus = _gpus(raw)
             if gpus:
                 row["gpus"] = gpus

@@ -153,6 +153,9 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
     figure.savefig(results / "latency.png", dpi=110)
     plt.close(figure)
     plots = ["throughput.png", "latency.png"]
+    breakdown = _split_plot(results, models, title, plt)
+    if breakdown:
+        plots.append(breakdown)
 
     uuids = gpu_uuids(models)
     if uuids:
@@ -182,6 +185,61 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
 def _nothing_measured(axes) -> None:
     """An empty plot says why it is empty."""
     axes.text(0.5, 0.5, "no stable measurement", ha="center", va="center", transform=axes.transAxes, color="gray")
+
+
+# The parts of a request's average latency (perf.LATENCY_SPLIT), as the report names them.
+SPLIT_WORDS = {
+    "client_send": "client send",
+    "network_and_server_send_recv": "network + server send/recv",
+    "server_queue": "queue",
+    "server_compute_input": "compute input",
+    "server_compute_infer": "compute infer",
+    "server_compute_output": "compute output",
+    "client_recv": "client recv",
+}
+
+
+def _split_table(rows: list[dict]) -> list[str]:
+    """Where each level's average latency went, in ms (rows that perf_analyzer split)."""
+    split = [r for r in rows if r.get("split_us")]
+    if not split:
+        return []
+    lines = [
+        "",
+        "Where the average latency goes (ms):",
+        "",
+        "| concurrency | " + " | ".join(SPLIT_WORDS.values()) + " | average |",
+        "|---:|" + "---:|" * (len(SPLIT_WORDS) + 1),
+    ]
+    for r in split:
+        parts = " | ".join(f"{r['split_us'].get(name, 0) / 1000:.2f}" for name in SPLIT_WORDS)
+        lines.append(f"| {r['concurrency']} | {parts} | {sum(r['split_us'].values()) / 1000:.2f} |")
+    return lines
+
+
+def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt) -> str | None:
+    """latency_breakdown.png: per model, a stacked bar per concurrency level of the average latency's parts."""
+    models = {model: [r for r in rows if r.get("split_us")] for model, rows in models.items()}
+    models = {model: rows for model, rows in models.items() if rows}
+    if not models:
+        return None
+    figure, panels = plt.subplots(1, len(models), figsize=(4 * len(models), 4.5), squeeze=False)
+    for panel, (model, rows) in zip(panels[0], models.items()):
+        positions = range(len(rows))
+        bottom = [0.0] * len(rows)
+        for name, words in SPLIT_WORDS.items():
+            heights = [r["split_us"].get(name, 0) / 1000 for r in rows]
+            panel.bar(positions, heights, bottom=bottom, label=words)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        panel.set(title=model, xlabel="concurrency", xticks=list(positions), xticklabels=[r["concurrency"] for r in rows])
+        panel.grid(alpha=0.3, axis="y")
+    panels[0][0].set_ylabel("average latency (ms)")
+    panels[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    figure.suptitle(f"Where the latency goes{title}")
+    figure.tight_layout()
+    figure.savefig(results / "latency_breakdown.png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return "latency_breakdown.png"
 
 
 def _gpu_table(rows: list[dict], labels: dict[str, str]) -> list[str]:
@@ -289,6 +347,7 @@ def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str
                 if r
                 else f"| {level} | no stable measurement | - | - | - | - |"
             )
+        lines += _split_table(rows)
         gpu_table = _gpu_table(rows, labels)
         if gpu_table:
             lines += ["", *gpu_table]

@@ -100,6 +100,9 @@ def test_compare_shows_the_config_difference_the_ratios_and_the_regression(resul
     assert b["throughput"] / a["throughput"] < 0.9, "the slow queue did not slow the run: the test proves nothing"
     assert f"REGRESSION {RUN_B}: {MODEL} c=1 throughput x{b['throughput'] / a['throughput']:.2f}" in done.stdout
     assert f"| {RUN_B} | {MODEL} | 1 | throughput | {b['throughput'] / a['throughput']:.2f}x |" in report
+    # Where the time went: the queue, which the 200 ms delay lengthens, grew most (the split of each run).
+    assert "## Where the latency changed" in report and "| server queue |" in report
+    assert "; the average mostly in server queue (+" in done.stdout
     failing = lab.fab("compare", RUN_A, RUN_B, "--fail-on-regression", check=False)
     assert failing.returncode == 1 and "regression(s) beyond 10%" in failing.stderr
     assert lab.fab("compare", RUN_A, RUN_B, "--threshold", "100", "--fail-on-regression").returncode == 0

@@ -106,7 +106,12 @@ def test_without_gpu_metrics_rows_parse_as_before(tmp_path):
         "server_queue_us": 20609.0,
         "server_compute_infer_us": 21028.0,
         "avg_us": 126 + 484 + 20609 + 30 + 21028 + 178 + 0,
-    }
+        "split_us": {  # where the average went, part by part
+            "client_send": 126.0, "network_and_server_send_recv": 484.0, "server_queue": 20609.0,
+            "server_compute_input": 30.0, "server_compute_infer": 21028.0, "server_compute_output": 178.0,
+            "client_recv": 0.0,
+        },
+    }  # fmt: skip
     # A CPU host with --collect-metrics: the GPU columns are there, empty.
     cpu = parse_csv(CPU_HOST)
     assert [row["concurrency"] for row in cpu] == [2, 4, 6]
@@ -150,6 +155,11 @@ def test_the_report_shows_the_gpu_metrics_where_collected(tmp_path):
     assert "| 2 | GPU-3f2a9c4e | 67.3 | 2539 / 16281 | 75.7 |" in report
     assert "| 6 | GPU-b7e4d1a2 | 90.0 | 2362 / 16281 | 157.3 |" in report
     assert "| 2 | 3.6 |" in report, "the throughput table is still there"
+    # Where the latency went, from the same CSV (microseconds there, ms here): queue 182.0, compute infer 358.6.
+    assert "| concurrency | client send | network + server send/recv | queue | compute input | compute infer |" in report
+    assert "| 2 | 0.12 | 1.80 | 181.97 | 0.05 | 358.63 | 0.69 | 0.00 | 543.26 |" in report
+    assert rows[0]["split_us"]["server_queue"] == 181974 and rows[0]["avg_us"] == sum(rows[0]["split_us"].values())
+    assert "latency_breakdown.png" in summary["plots"] and (results / "latency_breakdown.png").stat().st_size > 0
     assert "gpu_utilization.png" in summary["plots"] and (results / "gpu_utilization.png").stat().st_size > 0
     assert "![GPU utilisation](gpu_utilization.png)" in report
 
@@ -161,7 +171,8 @@ def test_the_report_says_when_no_gpu_metrics_were_collected(tmp_path):
     report = (results / "report.md").read_text()
     assert "GPU metrics: none collected (perf_analyzer asked for them, but Triton reported no GPUs" in report
     assert "| GPU |" not in report
-    assert summary["plots"] == ["throughput.png", "latency.png"] and not (results / "gpu_utilization.png").exists()
+    assert summary["plots"] == ["throughput.png", "latency.png", "latency_breakdown.png"]
+    assert not (results / "gpu_utilization.png").exists()
 
     results, _ = _results(tmp_path / "plain", {"food_classifier": CPU_HOST}, {"food_classifier": "perf_analyzer -m x"})
     assert (

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +14,7 @@ from helpers import classify
 
 from provision import sample_images
 from provision.host.tritonserver import perf_analyzer_env
-from provision.perf import GPU_COLUMNS, PerfRun, metrics_url, parse_csv, write_input_json
+from provision.perf import GPU_COLUMNS, LATENCY_SPLIT, PerfRun, metrics_url, parse_csv, write_input_json
 
 # One worker runs every test of the session's tritonserver (pytest-xdist's loadgroup): one server, not one per worker.
 pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
@@ -55,6 +57,23 @@ def test_perf_analyzer_measures_the_batching_classifier(triton_server, triton_ru
     for row in rows:
         assert row["throughput"] > 0
         assert 0 < row["p50_us"] <= row["p90_us"] <= row["p95_us"] <= row["p99_us"]
+
+
+def test_the_latency_split_adds_up_to_the_average_perf_analyzer_prints(triton_server, triton_runtime, tmp_path):
+    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")
+    run = _short_run(triton_server, tmp_path, concurrency_range="1:2:1")
+    # Without --percentile perf_analyzer prints (and writes) its average latency, the figure the split divides.
+    command = [word for word in run.command(perf_analyzer) if not word.startswith("--percentile")]
+    done = subprocess.run(command, env=perf_analyzer_env(triton_runtime.root), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = dict(re.findall(r"Request concurrency: (\d+)\n.*?Avg latency: (\d+) usec", done.stdout, flags=re.S))
+    rows = parse_csv(run.csv_path)
+    assert [row["concurrency"] for row in rows] == [1, 2] and set(printed) == {"1", "2"}, done.stdout
+    for row in rows:
+        parts = row["split_us"]
+        assert set(parts) == set(LATENCY_SPLIT.values()) and all(value >= 0 for value in parts.values())
+        # Each part is a whole number of microseconds, rounded down: seven of them.
+        assert abs(sum(parts.values()) - int(printed[str(row["concurrency"])])) <= len(parts), (parts, printed)
 
 
 def _metrics_run(triton_server, tmp_path, metrics_url: str) -> PerfRun:
