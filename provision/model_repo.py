@@ -174,6 +174,15 @@ def render(destination: Path, values: RenderValues, source: Path = MODEL_REPOSIT
     return names
 
 
+def gpu_variants() -> list[str]:
+    """The models whose template asks for GPU instances (they run on the CPU where a host has none)."""
+    return sorted(
+        template.parent.name
+        for template in MODEL_REPOSITORY.glob("*/config.pbtxt.j2")
+        if "gpu_instances.pbtxt.j2" in template.read_text()
+    )
+
+
 def read_tuned(path: str | Path) -> dict[str, dict]:
     """A tune's best.json (results/<run-id>/tune/best.json) -> {model: its settings}, for lab.models.tuned."""
     path = Path(path)

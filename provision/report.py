@@ -20,6 +20,7 @@ import json
 import shlex
 from pathlib import Path
 
+from provision.model_repo import gpu_variants
 from provision.perf import parse_csv, unstable_reason
 
 # The units of a row's "gpus" entries (provision.perf.GPU_COLUMNS: as perf_analyzer writes them).
@@ -114,24 +115,51 @@ def _has_p100(facts: dict) -> bool:
     return any("P100" in gpu.get("name", "") for gpu in facts.get("gpus", []))
 
 
-def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str]:
+def ran_on_the_cpu(models: list[str], facts: dict) -> list[str]:
+    """The GPU variants among `models` when the host has no GPU: Triton ran their instances on the CPU."""
+    return [] if facts.get("gpus") else [model for model in models if model in gpu_variants()]
+
+
+def label(model: str, on_cpu: list[str]) -> str:
+    """A model's name in tables, plots and the best configuration: a GPU variant on a CPU host says so."""
+    return f"{model} (on the CPU: no GPU on this host)" if model in on_cpu else model
+
+
+def throughput_figure(models: dict[str, list[dict]], title: str, on_cpu: list[str] = ()):
+    """throughput.png's figure: concurrency on an axis of its integer levels, throughput from zero."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    models = {model: rows for model, rows in models.items() if rows}
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for model, rows in models.items():
-        axes.plot([r["concurrency"] for r in rows], [r["throughput"] for r in rows], marker="o", label=model)
-    axes.set(xlabel="concurrency", ylabel="throughput (infer/s)", title=f"Throughput vs concurrency{title}")
+        axes.plot(
+            [r["concurrency"] for r in rows], [r["throughput"] for r in rows], marker="o", label=label(model, on_cpu)
+        )
+    levels = sorted({r["concurrency"] for rows in models.values() for r in rows})
+    axes.set(xlabel="concurrency (requests in flight)", ylabel="throughput (infer/s)", title=f"Throughput vs concurrency{title}")
+    if levels:
+        axes.set_xticks(levels)
+    axes.set_ylim(bottom=0)  # from zero: 40 -> 56 must not look like double
     axes.grid(alpha=0.3)
     if models:
         axes.legend(fontsize="small")
     else:
         _nothing_measured(axes)
     figure.tight_layout()
-    figure.savefig(results / "throughput.png", dpi=110)
+    return figure
+
+
+def _plots(results: Path, models: dict[str, list[dict]], title: str, on_cpu: list[str] = ()) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    models = {model: rows for model, rows in models.items() if rows}
+    figure = throughput_figure(models, title, on_cpu)
+    figure.savefig(results / "throughput.png", dpi=110, bbox_inches="tight")  # no clipped title or legend
     plt.close(figure)
 
     figure, panels = plt.subplots(
@@ -143,14 +171,14 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str) -> list[str
         concurrency = [r["concurrency"] for r in rows]
         for percentile in ("p50", "p90", "p95", "p99"):
             panel.plot(concurrency, [r[f"{percentile}_us"] / 1000 for r in rows], marker=".", label=percentile)
-        panel.set(title=model, xlabel="concurrency", xticks=concurrency)
+        panel.set(title=label(model, on_cpu), xlabel="concurrency", xticks=concurrency)
         panel.grid(alpha=0.3)
     panels[0][0].set_ylabel("latency (ms)")
     if models:
         panels[0][0].legend(fontsize="small")
     figure.suptitle(f"Latency percentiles vs concurrency{title}")
     figure.tight_layout()
-    figure.savefig(results / "latency.png", dpi=110)
+    figure.savefig(results / "latency.png", dpi=110, bbox_inches="tight")
     plt.close(figure)
     plots = ["throughput.png", "latency.png"]
     breakdown = _split_plot(results, models, title, plt)
@@ -322,7 +350,8 @@ def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str
     best = summary["best"]
     if best:
         lines += [
-            f"**Best configuration**: `{best['model']}` at concurrency {best['concurrency']}: "
+            f"**Best configuration**: `{label(best['model'], summary.get('ran_on_the_cpu', []))}` at concurrency "
+            f"{best['concurrency']}: "
             f"{best['throughput']:.1f} infer/s (p95 {best['p95_us'] / 1000:.1f} ms).",
             "",
         ]
@@ -333,7 +362,7 @@ def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str
     for model, rows in summary["models"].items():
         missing = summary["missing_levels"].get(model, [])
         lines += [
-            f"## {model}",
+            f"## {label(model, summary.get('ran_on_the_cpu', []))}",
             "",
             "| concurrency | infer/s | p50 ms | p90 ms | p95 ms | p99 ms |",
             "|---:|---:|---:|---:|---:|---:|",
@@ -417,11 +446,12 @@ def write_report(
         "git": git,
         "partial": partial,
         "p100_comparison": _has_p100(hosts[first]["facts"]),
+        "ran_on_the_cpu": ran_on_the_cpu(list(models), hosts[first]["facts"]),
         # The metrics themselves are in the rows ("gpus"); this says whether there are any, and their units.
         "gpu_metrics": {"collected": bool(gpu_uuids(models)), "gpus": gpu_uuids(models), "units": GPU_UNITS},
     }
     title = " (SMOKE WEIGHTS)" if smoke_weights else ""
-    summary["plots"] = _plots(results, models, title)
+    summary["plots"] = _plots(results, models, title, summary["ran_on_the_cpu"])
     (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (results / "report.md").write_text(_markdown(summary, first, results))
     if partial:

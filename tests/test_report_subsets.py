@@ -72,3 +72,25 @@ def test_a_partial_bench_says_why_and_what_was_not_measured(tmp_path):
     assert summary["partial"] == {"reason": reason, "not_measured": ["ensemble"]}
     line = f"The bench stopped early ({reason}); not measured: ensemble."
     assert line in (run / "PARTIAL.md").read_text() and line in (run / "report.md").read_text()
+
+
+def test_the_throughput_plot_starts_at_zero_on_its_integer_levels():
+    from provision.report import throughput_figure
+
+    rows = [{"concurrency": c, "throughput": t} for c, t in ((2, 40.0), (4, 56.0))]
+    figure = throughput_figure({"batching_food_classifier": rows}, " (SMOKE WEIGHTS)")
+    (axes,) = figure.axes
+    assert axes.get_ylim()[0] == 0, "40 -> 56 must not look like double"
+    assert list(axes.get_xticks()) == [2, 4], "concurrency is discrete"
+    assert axes.get_xlabel() == "concurrency (requests in flight)" and axes.get_ylabel() == "throughput (infer/s)"
+    assert axes.get_title().endswith("(SMOKE WEIGHTS)")
+
+
+def test_on_a_host_without_gpus_the_gpu_variants_say_they_ran_on_the_cpu(tmp_path):
+    run = run_folder(tmp_path, {"food_classifier": True, "gpu_food_classifier": True})
+    (run / "hosts" / "local" / "host.json").write_text(json.dumps({"gpus": []}))
+    summary = write(run, ["food_classifier", "gpu_food_classifier"])
+    assert summary["ran_on_the_cpu"] == ["gpu_food_classifier"]
+    report = (run / "report.md").read_text()
+    assert "## gpu_food_classifier (on the CPU: no GPU on this host)" in report
+    assert "## food_classifier\n" in report, "the CPU variant needs no note"
