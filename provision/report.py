@@ -151,7 +151,22 @@ def throughput_figure(models: dict[str, list[dict]], title: str, on_cpu: list[st
     return figure
 
 
-def _plots(results: Path, models: dict[str, list[dict]], title: str, on_cpu: list[str] = ()) -> list[str]:
+def _save(figure, png: Path, stamp: str) -> None:
+    """The figure as PNG and as SVG (its text kept as text, for a paper), the run it shows written on it;
+    a tight bounding box, so no title or legend is clipped."""
+    import matplotlib
+
+    if stamp:
+        figure.text(0.995, 0.002, stamp, ha="right", va="bottom", fontsize=6, color="0.4")
+    figure.savefig(png, dpi=110, bbox_inches="tight")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        figure.savefig(png.with_suffix(".svg"), bbox_inches="tight")
+
+
+def _plots(
+    results: Path, models: dict[str, list[dict]], title: str, on_cpu: list[str] = (), stamp: str = ""
+) -> list[str]:
+    """The report's figures, each as PNG and SVG, `stamp` (run, host, profile) on each; their PNG names."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -159,7 +174,7 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str, on_cpu: lis
 
     models = {model: rows for model, rows in models.items() if rows}
     figure = throughput_figure(models, title, on_cpu)
-    figure.savefig(results / "throughput.png", dpi=110, bbox_inches="tight")  # no clipped title or legend
+    _save(figure, results / "throughput.png", stamp)
     plt.close(figure)
 
     figure, panels = plt.subplots(
@@ -178,10 +193,10 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str, on_cpu: lis
         panels[0][0].legend(fontsize="small")
     figure.suptitle(f"Latency percentiles vs concurrency{title}")
     figure.tight_layout()
-    figure.savefig(results / "latency.png", dpi=110, bbox_inches="tight")
+    _save(figure, results / "latency.png", stamp)
     plt.close(figure)
     plots = ["throughput.png", "latency.png"]
-    breakdown = _split_plot(results, models, title, plt)
+    breakdown = _split_plot(results, models, title, plt, stamp)
     if breakdown:
         plots.append(breakdown)
 
@@ -204,7 +219,7 @@ def _plots(results: Path, models: dict[str, list[dict]], title: str, on_cpu: lis
         axes.grid(alpha=0.3)
         axes.legend(fontsize="x-small")
         figure.tight_layout()
-        figure.savefig(results / "gpu_utilization.png", dpi=110)
+        _save(figure, results / "gpu_utilization.png", stamp)
         plt.close(figure)
         plots.append("gpu_utilization.png")
     return plots
@@ -245,7 +260,7 @@ def _split_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt) -> str | None:
+def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt, stamp: str = "") -> str | None:
     """latency_breakdown.png: per model, a stacked bar per concurrency level of the average latency's parts."""
     models = {model: [r for r in rows if r.get("split_us")] for model, rows in models.items()}
     models = {model: rows for model, rows in models.items() if rows}
@@ -265,7 +280,7 @@ def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt) -
     panels[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figure.suptitle(f"Where the latency goes{title}")
     figure.tight_layout()
-    figure.savefig(results / "latency_breakdown.png", dpi=110, bbox_inches="tight")
+    _save(figure, results / "latency_breakdown.png", stamp)
     plt.close(figure)
     return "latency_breakdown.png"
 
@@ -451,7 +466,8 @@ def write_report(
         "gpu_metrics": {"collected": bool(gpu_uuids(models)), "gpus": gpu_uuids(models), "units": GPU_UNITS},
     }
     title = " (SMOKE WEIGHTS)" if smoke_weights else ""
-    summary["plots"] = _plots(results, models, title, summary["ran_on_the_cpu"])
+    stamp = f"run {run_id} · host {first} · {profile.get('name', '')} profile"
+    summary["plots"] = _plots(results, models, title, summary["ran_on_the_cpu"], stamp)
     (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (results / "report.md").write_text(_markdown(summary, first, results))
     if partial:

@@ -94,3 +94,12 @@ def test_on_a_host_without_gpus_the_gpu_variants_say_they_ran_on_the_cpu(tmp_pat
     report = (run / "report.md").read_text()
     assert "## gpu_food_classifier (on the CPU: no GPU on this host)" in report
     assert "## food_classifier\n" in report, "the CPU variant needs no note"
+
+
+def test_every_figure_is_also_an_svg_with_the_run_it_shows_on_it(tmp_path):
+    run = run_folder(tmp_path, {"batching_food_classifier": True})
+    summary = write(run, ["batching_food_classifier"])
+    for png in summary["plots"]:
+        svg = (run / png).with_suffix(".svg").read_text()
+        assert "run 20261207-000000-local · host local · quick profile" in svg, png
+        assert "Throughput vs concurrency" in svg or png != "throughput.png", "text kept as text"
