@@ -1,8 +1,9 @@
 """The front page stays a front page, every link of the docs leads somewhere, and the package that
-`pip install .` builds holds every module of the tree."""
+`pip install .` builds holds every module of the tree, and each of them imports once installed."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +36,14 @@ def test_the_docs_cite_no_file_outside_the_repository():
         assert "../shared" not in page.read_text() and "REFERENCE.md" not in page.read_text(), page
 
 
+IMPORT_EVERY_MODULE = """
+import importlib, pkgutil, provision
+for found in pkgutil.walk_packages(provision.__path__, "provision."):
+    importlib.import_module(found.name)
+print(provision.__file__)
+"""
+
+
 def test_the_wheel_holds_every_module_of_the_package(tmp_path):
     source = tmp_path / "source"  # a copy: setuptools builds in the source tree
     shutil.copytree(PROJECT_ROOT, source, ignore=shutil.ignore_patterns(
@@ -47,6 +56,18 @@ def test_the_wheel_holds_every_module_of_the_package(tmp_path):
     )  # fmt: skip
     (wheel,) = tmp_path.glob("*.whl")
     held = set(zipfile.ZipFile(wheel).namelist())
+    # Installed from the wheel (its dependencies are this environment's), every module imports.
+    installed = tmp_path / "installed"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(installed), str(wheel)],
+        check=True, cwd=tmp_path,
+    )  # fmt: skip
+    imported = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERY_MODULE], env={**os.environ, "PYTHONPATH": str(installed)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.startswith(str(installed)), "the installed copy, not the checkout"
     tree = {
         str(path.relative_to(PROJECT_ROOT))
         for path in (PROJECT_ROOT / "provision").rglob("*")
