@@ -163,6 +163,34 @@ def _save(figure, png: Path, stamp: str) -> None:
         figure.savefig(png.with_suffix(".svg"), bbox_inches="tight")
 
 
+def throughput_vs_latency_figure(models: dict[str, list[dict]], title: str, on_cpu: list[str] = ()):
+    """throughput_vs_latency.png's figure, the usual picture of serving (as Model Analyzer draws it):
+    throughput against p99 latency, one curve per model, each point labelled with its concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for model, rows in models.items():
+        p99 = [r["p99_us"] / 1000 for r in rows]
+        throughput = [r["throughput"] for r in rows]
+        (line,) = axes.plot(p99, throughput, marker="o", label=label(model, on_cpu))
+        for x, y, r in zip(p99, throughput, rows):
+            axes.annotate(f"c={r['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                          color=line.get_color())  # fmt: skip
+    axes.set(xlabel="p99 latency (ms)", ylabel="throughput (infer/s)", title=f"Throughput vs p99 latency{title}")
+    axes.set_xlim(left=0)
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    if models:
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        _nothing_measured(axes)
+    figure.tight_layout()
+    return figure
+
+
 def _plots(
     results: Path, models: dict[str, list[dict]], title: str, on_cpu: list[str] = (), stamp: str = ""
 ) -> list[str]:
@@ -196,6 +224,11 @@ def _plots(
     _save(figure, results / "latency.png", stamp)
     plt.close(figure)
     plots = ["throughput.png", "latency.png"]
+    if models:
+        figure = throughput_vs_latency_figure(models, title, on_cpu)
+        _save(figure, results / "throughput_vs_latency.png", stamp)
+        plt.close(figure)
+        plots.append("throughput_vs_latency.png")
     breakdown = _split_plot(results, models, title, plt, stamp)
     if breakdown:
         plots.append(breakdown)
@@ -419,8 +452,13 @@ def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str
             lines.append(f"| {config} | {concurrency} | {throughput} | {latency} | {mine} |")
         lines.append("")
     lines += ["![throughput](throughput.png)", "", "![latency](latency.png)", ""]
-    if "gpu_utilization.png" in summary["plots"]:
-        lines += ["![GPU utilisation](gpu_utilization.png)", ""]
+    for plot, words in (
+        ("throughput_vs_latency.png", "throughput against p99 latency"),
+        ("latency_breakdown.png", "where the latency goes"),
+        ("gpu_utilization.png", "GPU utilisation"),
+    ):
+        if plot in summary["plots"]:
+            lines += [f"![{words}]({plot})", ""]
     return "\n".join(lines)
 
 

@@ -171,7 +171,7 @@ def test_the_report_says_when_no_gpu_metrics_were_collected(tmp_path):
     report = (results / "report.md").read_text()
     assert "GPU metrics: none collected (perf_analyzer asked for them, but Triton reported no GPUs" in report
     assert "| GPU |" not in report
-    assert summary["plots"] == ["throughput.png", "latency.png", "latency_breakdown.png"]
+    assert summary["plots"] == ["throughput.png", "latency.png", "throughput_vs_latency.png", "latency_breakdown.png"]
     assert not (results / "gpu_utilization.png").exists()
 
     results, _ = _results(tmp_path / "plain", {"food_classifier": CPU_HOST}, {"food_classifier": "perf_analyzer -m x"})

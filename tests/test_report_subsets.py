@@ -103,3 +103,15 @@ def test_every_figure_is_also_an_svg_with_the_run_it_shows_on_it(tmp_path):
         svg = (run / png).with_suffix(".svg").read_text()
         assert "run 20261207-000000-local · host local · quick profile" in svg, png
         assert "Throughput vs concurrency" in svg or png != "throughput.png", "text kept as text"
+
+
+def test_throughput_against_p99_is_one_curve_per_model_with_each_point_s_concurrency():
+    from provision.report import throughput_vs_latency_figure
+
+    rows = [{"concurrency": c, "throughput": t, "p99_us": p} for c, t, p in ((2, 40.0, 60e3), (4, 56.0, 90e3))]
+    figure = throughput_vs_latency_figure({"batching_food_classifier": rows, "food_classifier": rows[:1]}, "")
+    (axes,) = figure.axes
+    curves = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata())) for line in axes.get_lines()}
+    assert curves == {"batching_food_classifier": [(60.0, 40.0), (90.0, 56.0)], "food_classifier": [(60.0, 40.0)]}
+    assert [text.get_text() for text in axes.texts] == ["c=2", "c=4", "c=2"]
+    assert axes.get_xlabel() == "p99 latency (ms)" and axes.get_ylim()[0] == 0 and axes.get_xlim()[0] == 0
