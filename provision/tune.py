@@ -453,7 +453,9 @@ def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None
                 }
             )
     (job.folder / "best.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot = _pareto_plot(job.folder / "pareto.png", candidates, budget)
+    plot = _pareto_plot(
+        job.folder / "pareto.png", candidates, budget, f"{summary['model']} on {summary['host']}, run {job.results.name}"
+    )
     (job.results / "report.md").write_text(report_section(summary, candidates, plot))
 
 
@@ -471,7 +473,9 @@ def _measured_again(summary: dict) -> list[str]:
     ]
 
 
-def _pareto_plot(path: Path, candidates: list[Candidate], budget_ms: float) -> Path | None:
+def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
+    """pareto.png's figure: every candidate at every concurrency (numbered as candidates.csv numbers them),
+    the Pareto front, the p99 budget; its title names the model, host and run (`what`)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -480,10 +484,12 @@ def _pareto_plot(path: Path, candidates: list[Candidate], budget_ms: float) -> P
     points = [(row["p99_us"] / 1000, row["throughput"], c) for c in candidates for row in c.rows]
     if not points:
         return None
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = plt.subplots(figsize=(7.5, 4.5))
     axes.scatter(
         [p for p, _, _ in points], [t for _, t, _ in points], s=18, color="0.6", label="candidate x concurrency"
     )
+    for p99, throughput, candidate in points:
+        axes.annotate(str(candidate.number), (p99, throughput), textcoords="offset points", xytext=(3, 3), fontsize=7)
     frontier, best_so_far = [], -1.0
     for p99, throughput, _ in sorted(points, key=lambda point: (point[0], -point[1])):
         if throughput > best_so_far:
@@ -491,11 +497,22 @@ def _pareto_plot(path: Path, candidates: list[Candidate], budget_ms: float) -> P
             best_so_far = throughput
     axes.plot(*zip(*frontier), color="C0", marker="o", label="Pareto front")
     axes.axvline(budget_ms, color="C3", linestyle="--", label=f"p99 budget {budget_ms:g} ms")
-    axes.set_xlabel("p99 latency (ms)")
-    axes.set_ylabel("throughput (infer/s)")
-    axes.legend(loc="lower right")
+    axes.set(xlabel="p99 latency (ms)", ylabel="throughput (infer/s)", title=f"fab tune: {what}")
+    axes.set_xlim(left=0)
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the points, not over them
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    return figure
+
+
+def _pareto_plot(path: Path, candidates: list[Candidate], budget_ms: float, what: str = "") -> Path | None:
+    figure = pareto_figure(candidates, budget_ms, what)
+    if figure is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
     return path
 

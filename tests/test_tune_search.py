@@ -77,3 +77,18 @@ def test_what_a_model_or_host_lacks_is_not_searched():
     assert values_to_try("preferred_batch_size", BASELINE, VALUES["quick"], gpu_count=0) == [[16], [8, 16]]
     assert values_to_try("preferred_batch_size", {**BASELINE, "max_batch_size": 2}, VALUES["quick"], 0) == [[2]]
     assert grid_size(no_batching, VALUES["full"], gpu_count=0) == len(VALUES["full"]["instance_count"])
+
+
+def test_the_pareto_plot_names_its_model_host_and_run_and_numbers_its_candidates():
+    from provision.tune import pareto_figure
+
+    candidates = [
+        Candidate(1, {"max_batch_size": 4}, [{"concurrency": 2, "throughput": 30.0, "p99_us": 80e3}]),
+        Candidate(2, {"max_batch_size": 8}, [{"concurrency": 2, "throughput": 45.0, "p99_us": 120e3}]),
+    ]
+    figure = pareto_figure(candidates, 100, "batching_food_classifier on local, run 20261207-000000-local")
+    (axes,) = figure.axes
+    assert axes.get_title() == "fab tune: batching_food_classifier on local, run 20261207-000000-local"
+    assert [text.get_text() for text in axes.texts] == ["1", "2"], "each point numbered as candidates.csv does"
+    assert axes.get_ylim()[0] == 0 and axes.get_xlabel() == "p99 latency (ms)"
+    assert pareto_figure([Candidate(3, {}, [])], 100, "x") is None, "nothing measured: no figure"
