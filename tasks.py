@@ -94,25 +94,29 @@ CLUSTER_HELP = {
     "(not a backend; without it the first host serves and balances)",
 }
 
+# The defaults the chameleon flags' help names, from the settings' one place (provision/defaults.yaml).
+_CHAMELEON = config.defaults()["chameleon"]
+
 # The flags of `fab provision`, which `fab run` takes too.
 PROVISION_HELP = {
     "target": "local (this machine, the default), ssh (your hosts) or chameleon (a P100 node)",
     "host": "ssh target: a host name or address (repeat or comma-separate for several)",
-    "user": "ssh and chameleon targets: login user (ssh: your user name; chameleon: lab.chameleon.ssh_user, cc)",
+    "user": "ssh and chameleon targets: login user (ssh: your user name; chameleon: lab.chameleon.ssh_user, "
+    f"{_CHAMELEON['ssh_user']})",
     "port": "ssh target: SSH port (default 22)",
     "key": "ssh and chameleon targets: private key file",
     "python": "ssh and chameleon targets: the host's Python for Ansible (default: discovered)",
     "serving_venv": "reuse this existing virtualenv on the host for serving (default: create one)",
     "runtime": "process (services from a virtualenv) or docker (containers on GPU hosts; the chameleon default)",
-    "site": "chameleon: site (default lab.chameleon.site, CHI@TACC)",
-    "node_type": "chameleon: node type (default gpu_p100)",
-    "image": "chameleon: image (default CC-Ubuntu24.04-CUDA)",
-    "hours": "chameleon: lease length in hours (default 3)",
-    "count": "chameleon: number of nodes (default 1)",
+    "site": f"chameleon: site (default lab.chameleon.site, {_CHAMELEON['site']})",
+    "node_type": f"chameleon: node type (default lab.chameleon.node_type, {_CHAMELEON['node_type']})",
+    "image": f"chameleon: image (default lab.chameleon.image, {_CHAMELEON['image']})",
+    "hours": f"chameleon: lease length in hours (default lab.chameleon.lease_hours, {_CHAMELEON['lease_hours']})",
+    "count": f"chameleon: number of nodes (default lab.chameleon.node_count, {_CHAMELEON['node_count']})",
     "floating_ip": "chameleon: reserved (reserved with the lease, the default) or adhoc (allocated apart: "
     "when the lease's pool has none left)",
     "key_name": "chameleon: key pair name (default derived from your user; uploaded if missing)",
-    "public_key": "chameleon: public key to upload (default ~/.ssh/id_rsa.pub)",
+    "public_key": f"chameleon: public key to upload (default lab.chameleon.public_key, {_CHAMELEON['public_key']})",
     "lease": "chameleon: a lease you hold (name or id, made in the dashboard or the CLI): launch on it, "
     "take its node type and count; teardown leaves it",
     "start": 'chameleon: book the lease ahead, from "YYYY-MM-DD HH:MM" (your time zone) or "earliest" (the next '
