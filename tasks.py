@@ -167,8 +167,10 @@ def provision(
     Chameleon reads your credentials from the environment (source the
     OpenStack RC file of your project first); none of them is stored.
     """
-    given = {name: value for name, value in locals().items() if name in PROVISION_DEFAULTS}
-    given = {name: value for name, value in given.items() if value != PROVISION_DEFAULTS[name] and value not in (None, "", [])}
+    given = {  # the flags given: not their default, not empty
+        name: value for name, value in locals().items()
+        if name in PROVISION_DEFAULTS and value != PROVISION_DEFAULTS[name] and value not in (None, "", [])
+    }  # fmt: skip
     settings = _settings(c)
     target = target or settings["target"]
     targets.get(target)  # an unknown name fails here, naming the choices

@@ -80,21 +80,18 @@ def _merged(base: dict, overrides: dict) -> dict:
     return merged
 
 
-def _invoke_config(project_location: Path = PROJECT_ROOT, runtime_path: str | None = None):
+def _invoke_config():
     """Invoke's Config under Fabric's names (fabric.yaml files, FABRIC_ variables), the defaults at the
-    bottom: what `fab` merges, for code that runs without it."""
+    bottom: what `fab` merges (but its runtime file), for code that runs without it."""
     from invoke import Config
 
     class FabricNamed(Config):
         prefix = "fabric"
 
     config = FabricNamed(
-        defaults={**Config.global_defaults(), "lab": defaults()},
-        project_location=str(project_location),
-        runtime_path=runtime_path,
+        defaults={**Config.global_defaults(), "lab": defaults()}, project_location=str(PROJECT_ROOT)
     )
     config.load_project()
-    config.load_runtime()
     config.load_shell_env()
     return config
 
@@ -127,11 +124,10 @@ def _first_file(prefix: str) -> Path:
 
 def levels(project_location: Path = PROJECT_ROOT, runtime_path: str | None = None) -> list[tuple[str, dict]]:
     """[(where, its `lab` values)], lowest first: what each level sets, as it is written there."""
+    files = [_first_file(prefix) for prefix in ("/etc/fabric", "~/.fabric", str(project_location / "fabric"))]
     found = [
         ("defaults (provision/defaults.yaml)", defaults()),
-        (str(_first_file("/etc/fabric")), _read(_first_file("/etc/fabric"))),
-        (str(_first_file("~/.fabric")), _read(_first_file("~/.fabric"))),
-        (str(_first_file(str(project_location / "fabric"))), _read(_first_file(str(project_location / "fabric")))),
+        *[(str(path), _read(path)) for path in files],
         ("environment (FABRIC_LAB_*)", _environment_values()),
     ]
     if runtime_path:
@@ -186,15 +182,12 @@ def unknown_keys(project_location: Path = PROJECT_ROOT) -> list[str]:
     return lines
 
 
-_warned: set[str] = set()
-
-
+@cache
 def warn_unknown_keys() -> None:
-    """Print each unknown key's warning once per process, to stderr (a typo would otherwise change nothing silently)."""
+    """Print each unknown key's warning to stderr (a typo would otherwise change nothing silently): once per
+    process, since settings() is read many times and the files and the environment are read here again."""
     for line in unknown_keys():
-        if line not in _warned:
-            _warned.add(line)
-            print(f"warning: {line}", file=sys.stderr)
+        print(f"warning: {line}", file=sys.stderr)
 
 
 SECRET_WORDS = ("secret", "password", "token")
