@@ -24,8 +24,8 @@ from invoke import Collection, Exit, task
 from provision import config, flags, hosts, interrupts, inventory, lock, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
-from provision.bench import results_root
 from provision.errors import LabError, UsageError
+from provision.measure import RunFolder, results_root, runs
 from provision.model_repo import model_names, read_tuned
 from provision.tune import VALUES
 
@@ -415,7 +415,7 @@ def run(
         "deploy": lambda: deploy(c, cluster=cluster, lb_node=lb_node),
         "bench": lambda: bench(c, quick=quick, model=model, cluster=cluster),
     }
-    results_before = set(_run_folders(results_root(_settings(c))))
+    results_before = set(runs(_settings(c)))
     failed, message, code, results, bug = None, "", 0, None, ""
     stage = "provision"
     with interrupts.handled(), contextlib.ExitStack() as finishing:
@@ -488,14 +488,12 @@ def _finish_run(
     Interrupted while it waits for a lease booked ahead, the run leaves the lease booked (the user
     may come back at its start), unless the run booked it and --release-lease asks to delete it.
     """
-    # A bench that did not finish has no summary.json; one the lease stopped wrote its own PARTIAL.md.
-    partial = [
-        folder for folder in set(_run_folders(results_root(_settings(c)))) - results_before
-        if not (folder / "summary.json").exists() or (folder / "PARTIAL.md").exists()
-    ]  # fmt: skip
-    for folder in partial:
-        if not (folder / "PARTIAL.md").exists():
-            (folder / "PARTIAL.md").write_text(f"# Partial run\n\nThe bench did not finish: {message}\n")
+    # A bench that did not finish wrote no summary; one the lease stopped marked itself partial.
+    partial = [RunFolder(folder) for folder in set(runs(_settings(c))) - results_before]
+    partial = [run for run in partial if not run.is_complete()]
+    for run in partial:
+        if not run.is_partial():
+            run.mark_partial(f"The bench did not finish: {message}")
 
     torn_down = "kept (--keep): `fab teardown` removes it"
     state = state_module.load()
@@ -520,8 +518,8 @@ def _finish_run(
 
     if results is not None:
         print(f"fab run: results in {results}")
-    for folder in partial:
-        print(f"fab run: partial results in {folder} (PARTIAL.md)")
+    for run in partial:
+        print(f"fab run: partial results in {run.path} (PARTIAL.md)")
     if failed:
         print(f"fab run: failed at {failed}: {message.splitlines()[0] if message else ''}")
         print(f"fab run: the deployment was {torn_down}")
@@ -531,13 +529,6 @@ def _finish_run(
     print(f"fab run: done; the deployment was {torn_down}")
     if code:
         raise Exit(code=code)
-
-
-def _run_folders(root) -> list:
-    """The bench run folders under results/ (compare/ holds comparisons, not runs)."""
-    if not root.is_dir():
-        return []
-    return [folder for folder in root.iterdir() if folder.is_dir() and folder.name != "compare"]
 
 
 @task(

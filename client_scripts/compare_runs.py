@@ -16,8 +16,9 @@ windows, so their flags are indicative only, and the report says so.
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
+
+import run_folder  # beside this file: the results folder's format
 
 DEFAULT_THRESHOLD = 0.10
 SUMMARY_KEYS = ("run_id", "models", "hosts", "profile")  # what every summary.json of `fab bench` holds
@@ -32,19 +33,15 @@ class CompareError(ValueError):
 
 def load_run(path: Path) -> dict:
     """A run's summary.json, with "path" added; CompareError for anything that is not a complete run."""
-    path = Path(path)
-    summary_file = path / "summary.json"
-    if not path.is_dir():
-        raise CompareError(f"{path}: no such run folder")
-    if not summary_file.is_file():
-        raise CompareError(f"{path}: no summary.json: not a results/<run-id>/ folder, or a bench that did not finish")
     try:
-        summary = json.loads(summary_file.read_text())
-    except (OSError, ValueError) as error:
-        raise CompareError(f"{summary_file}: unreadable ({error})") from None
-    missing = [key for key in SUMMARY_KEYS if not isinstance(summary, dict) or key not in summary]
+        summary = run_folder.read_summary(path)
+    except run_folder.NotARun as error:
+        raise CompareError(str(error)) from None
+    missing = [key for key in SUMMARY_KEYS if key not in summary]
     if missing:
-        raise CompareError(f"{summary_file} has no {', '.join(missing)}: not a summary written by `fab bench`")
+        raise CompareError(
+            f"{Path(path) / run_folder.SUMMARY} has no {', '.join(missing)}: not a summary written by `fab bench`"
+        )
     if not any(summary["models"].values()):
         raise CompareError(f"{path}: the run measured nothing (no model has a row)")
     return {**summary, "path": str(path)}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from provision.measure import RunFolder
 from provision.perf import parse_csv
 
 # A client that kept more than this share of a core busy may itself have limited the throughput.
@@ -32,7 +33,9 @@ def client_csv(model: str, level: int, client: int) -> str:
     return f"cluster-{group_name(model, level)}-{client}.csv"
 
 
-def summarize(results: Path, balancer: str, nodes: list[str], clients: int, levels: list[int], models: list[str]) -> dict:
+def summarize(
+    results: Path, balancer: str, nodes: list[str], clients: int, levels: list[int], models: list[str]
+) -> dict:
     """The cluster's figures from results/cluster/ and each node's from results/hosts/<node>/."""
     report = json.loads((results / "cluster" / "side_by_side_report.json").read_text())
     cpu_share = {
@@ -78,7 +81,9 @@ def _efficiency(rows: list[dict], alone: dict[str, dict[int, float]]) -> float |
 
 def markdown(summary: dict) -> str:
     nodes, clients = summary["nodes"], summary["clients"]
-    busiest = max((row["busiest_client_core_share"] for m in summary["models"].values() for row in m["levels"]), default=0)
+    busiest = max(
+        (row["busiest_client_core_share"] for m in summary["models"].values() for row in m["levels"]), default=0
+    )
     verdict = (
         "below the point where a client limits what it measures"
         if busiest < CLIENT_BUSY_SHARE
@@ -104,9 +109,11 @@ def markdown(summary: dict) -> str:
         efficiency = figures["efficiency"]
         lines.append(f"- {model}: {'not measured' if efficiency is None else f'{efficiency:.2f}'}")
     lines += ["", "![cluster](cluster.png)", ""]
-    header = "| model | concurrency per node | cluster infer/s | p50 ms | p99 ms | " + " | ".join(
-        f"{node} alone" for node in nodes
-    ) + " |"
+    header = (
+        "| model | concurrency per node | cluster infer/s | p50 ms | p99 ms | "
+        + " | ".join(f"{node} alone" for node in nodes)
+        + " |"
+    )
     lines += [header, "|" + "---|" * (5 + len(nodes))]
     for model, figures in summary["models"].items():
         for row in figures["levels"]:
@@ -156,12 +163,10 @@ def plot(results: Path, summary: dict) -> None:
     plt.close(figure)
 
 
-def write(results: Path, summary: dict) -> None:
+def write(run: RunFolder, summary: dict) -> None:
     """cluster.json, cluster.png, the section at the end of report.md and summary.json's "cluster"."""
-    (results / "cluster.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(results, summary)
-    with open(results / "report.md", "a") as report:
+    (run.path / "cluster.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(run.path, summary)
+    with open(run.path / "report.md", "a") as report:
         report.write("\n" + markdown(summary))
-    overall = json.loads((results / "summary.json").read_text())
-    overall["cluster"] = summary
-    (results / "summary.json").write_text(json.dumps(overall, indent=2) + "\n")
+    run.add_to_summary("cluster", summary)

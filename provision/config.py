@@ -47,9 +47,21 @@ FREE_FORM = {("models", "tuned")}
 def client_script(name: str) -> ModuleType:
     """client_scripts/<name>.py as a module: code the hosts, the API container and the notebook run
     (standard library only) that the controller runs too, so that there is one copy of it."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == CLIENT_SCRIPTS / f"{name}.py":
+        return loaded  # one module object, whoever imports it (compare_runs imports run_folder)
     spec = importlib.util.spec_from_file_location(name, CLIENT_SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    # The scripts import each other by name, as they do beside each other on a host or in the notebook.
+    sys.path.insert(0, str(CLIENT_SCRIPTS))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(str(CLIENT_SCRIPTS))
     return module
 
 
@@ -76,7 +88,9 @@ def _plain(value):
 def _merged(base: dict, overrides: dict) -> dict:
     merged = dict(base)
     for key, value in overrides.items():
-        merged[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        merged[key] = (
+            _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        )
     return merged
 
 
@@ -88,9 +102,7 @@ def _invoke_config():
     class FabricNamed(Config):
         prefix = "fabric"
 
-    config = FabricNamed(
-        defaults={**Config.global_defaults(), "lab": defaults()}, project_location=str(PROJECT_ROOT)
-    )
+    config = FabricNamed(defaults={**Config.global_defaults(), "lab": defaults()}, project_location=str(PROJECT_ROOT))
     config.load_project()
     config.load_shell_env()
     return config

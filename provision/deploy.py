@@ -41,9 +41,7 @@ def _replace_tree(source: Path, destination: Path, ignore=None) -> None:
 
 def serving_pins(settings: dict, state: state_module.State) -> tuple[str, str]:
     """(constraints file, extra pip arguments) of the serving torch: the runtime's, else the target's."""
-    return runtimes.serving_pins(state.runtime, settings, state) or targets.serving_pins(
-        state.target, settings, state
-    )
+    return runtimes.serving_pins(state.runtime, settings, state) or targets.serving_pins(state.target, settings, state)
 
 
 def stage_bundle(settings: dict, state: state_module.State) -> dict:
@@ -88,12 +86,6 @@ def deploy_dir(settings: dict, state: state_module.State) -> str:
     return targets.deploy_dir(state.target, settings, state)
 
 
-def docker_environment(settings: dict) -> dict:
-    """The environment of every docker command on the hosts: which engine they talk to."""
-    engine_host = settings["docker"].get("engine_host") or ""
-    return {"DOCKER_HOST": engine_host} if engine_host else {}
-
-
 def extravars(settings: dict, state: state_module.State, cluster: dict | None = None) -> dict:
     """Everything the playbooks need, from the settings and the state (never a secret).
 
@@ -125,7 +117,7 @@ def extravars(settings: dict, state: state_module.State, cluster: dict | None = 
         "lab_model_settings": dict(settings["models"]),
         "lab_pip_extra_args": serving_pins(settings, state)[1],
         "lab_docker": dict(settings["docker"]),
-        "lab_docker_environment": docker_environment(settings),
+        "lab_environment": runtimes.playbook_environment(state.runtime, settings),
         "lab_firewall_open": needed,
         "lab_firewall_close": firewall.no_longer_needed(firewall.recorded(state), needed),
     }

@@ -18,7 +18,7 @@ import math
 from datetime import datetime, timedelta
 
 from provision.errors import OperationError
-from provision.report import concurrency_levels
+from provision.perf import concurrency_levels
 
 # perf_analyzer needs three windows per level at least (its stability check compares the last three).
 WINDOWS_PER_LEVEL = 3

@@ -60,6 +60,13 @@ _INTEGER_GPU_FIELDS = ("memory_used_bytes", "memory_total_bytes")
 DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-interval
 
 
+def concurrency_levels(concurrency_range: str) -> list[int]:
+    """perf_analyzer's start:end:step as the list of levels it measures."""
+    parts = [int(part) for part in str(concurrency_range).split(":")]
+    start, end, step = parts[0], (parts[1:2] or parts[:1])[0], (parts[2:3] or [1])[0]  # "N" alone is N:N:1
+    return list(range(start, end + 1, step))
+
+
 def _make_perf_input():
     """client_scripts/make_perf_input.py, the one writer of perf_analyzer's input (it runs on the hosts too)."""
     return client_script("make_perf_input")

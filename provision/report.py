@@ -20,8 +20,9 @@ import json
 import shlex
 from pathlib import Path
 
+from provision.measure import RunFolder
 from provision.model_repo import gpu_variants
-from provision.perf import parse_csv, unstable_reason
+from provision.perf import concurrency_levels, parse_csv, unstable_reason
 
 # The units of a row's "gpus" entries (provision.perf.GPU_COLUMNS: as perf_analyzer writes them).
 GPU_UNITS = {
@@ -60,13 +61,6 @@ def _load_host(folder: Path) -> dict:
     models = {csv.stem: parse_csv(csv) for csv in sorted(folder.glob("*.csv"))}
     configs = {c.stem: c.name for c in sorted((folder / "configs").glob("*.pbtxt"))}
     return {"facts": facts, "models": models, "configs": configs}
-
-
-def concurrency_levels(concurrency_range: str) -> list[int]:
-    """perf_analyzer's start:end:step as the list of levels it measures."""
-    parts = [int(part) for part in str(concurrency_range).split(":")]
-    start, end, step = parts[0], (parts[1:2] or parts[:1])[0], (parts[2:3] or [1])[0]  # "N" alone is N:N:1
-    return list(range(start, end + 1, step))
 
 
 def _missing_levels(models: dict[str, list[dict]], profile: dict, benchmarked: list[str]) -> dict[str, list[int]]:
@@ -138,7 +132,11 @@ def throughput_figure(models: dict[str, list[dict]], title: str, on_cpu: list[st
             [r["concurrency"] for r in rows], [r["throughput"] for r in rows], marker="o", label=label(model, on_cpu)
         )
     levels = sorted({r["concurrency"] for rows in models.values() for r in rows})
-    axes.set(xlabel="concurrency (requests in flight)", ylabel="throughput (infer/s)", title=f"Throughput vs concurrency{title}")
+    axes.set(
+        xlabel="concurrency (requests in flight)",
+        ylabel="throughput (infer/s)",
+        title=f"Throughput vs concurrency{title}",
+    )
     if levels:
         axes.set_xticks(levels)
     axes.set_ylim(bottom=0)  # from zero: 40 -> 56 must not look like double
@@ -307,7 +305,9 @@ def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt, s
             heights = [r["split_us"].get(name, 0) / 1000 for r in rows]
             panel.bar(positions, heights, bottom=bottom, label=words)
             bottom = [b + h for b, h in zip(bottom, heights)]
-        panel.set(title=model, xlabel="concurrency", xticks=list(positions), xticklabels=[r["concurrency"] for r in rows])
+        panel.set(
+            title=model, xlabel="concurrency", xticks=list(positions), xticklabels=[r["concurrency"] for r in rows]
+        )
         panel.grid(alpha=0.3, axis="y")
     panels[0][0].set_ylabel("average latency (ms)")
     panels[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -368,6 +368,29 @@ def by_hand(command: str, host_results: Path) -> str:
 
 
 def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str:
+    """report.md: what ran where, the best configuration, a section per model, the P100 figures, the plots."""
+    lines = _header(summary, host_name)
+    labels = _gpu_labels(summary["gpu_metrics"]["gpus"])
+    for model in summary["missing_levels"]:
+        if model not in summary["models"]:
+            lines += [f"## {model}", "", f"Not measured: {_unstable_line(summary, model, host_name)}", ""]
+    for model, rows in summary["models"].items():
+        lines += _model_section(summary, model, rows, labels, host_name, results)
+    if summary["p100_comparison"]:
+        lines += _p100_section(summary)
+    lines += ["![throughput](throughput.png)", "", "![latency](latency.png)", ""]
+    for plot, words in (
+        ("throughput_vs_latency.png", "throughput against p99 latency"),
+        ("latency_breakdown.png", "where the latency goes"),
+        ("gpu_utilization.png", "GPU utilisation"),
+    ):
+        if plot in summary["plots"]:
+            lines += [f"![{words}]({plot})", ""]
+    return "\n".join(lines)
+
+
+def _header(summary: dict, host_name: str) -> list[str]:
+    """The report's title, its warnings (partial, smoke weights), what ran where and how, the best configuration."""
     lines = [f"# Benchmark {summary['run_id']}", ""]
     if summary.get("partial"):
         lines += [f"> **PARTIAL**: {_partial_line(summary['partial'])}", ""]
@@ -377,19 +400,19 @@ def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str
             "> are real; labels and captions are meaningless.",
             "",
         ]
-    facts = summary["hosts"][host_name]["facts"]
+    facts, profile = summary["hosts"][host_name]["facts"], summary["profile"]
     gpus = ", ".join(g["name"] for g in facts.get("gpus", [])) or "none"
+    windows = (
+        f"windows of {profile['measurement_request_count']} requests)"
+        if profile.get("measurement_mode") == "count_windows"
+        else f"{profile['measurement_interval_ms']} ms windows)"
+    )
     lines += [
         f"- target: {summary['target']}, host: {host_name} ({facts.get('cpu', {}).get('model', '?')}, "
         f"{facts.get('cpu', {}).get('cores', '?')} cores; GPUs: {gpus})",
         f"- Triton {facts.get('triton', {}).get('version')}, torch {facts.get('torch', {}).get('version')}, "
         f"Python {facts.get('python')}",
-        f"- profile: {summary['profile']['name']} (concurrency {summary['profile']['concurrency_range']}, "
-        + (
-            f"windows of {summary['profile']['measurement_request_count']} requests)"
-            if summary["profile"].get("measurement_mode") == "count_windows"
-            else f"{summary['profile']['measurement_interval_ms']} ms windows)"
-        ),
+        f"- profile: {profile['name']} (concurrency {profile['concurrency_range']}, " + windows,
         f"- input: {INPUT_ENCODING_WORDS.get(summary.get('input_encoding', 'base64'), summary.get('input_encoding'))}",
         f"- git commit: {summary['git']['commit']}{' (with uncommitted changes)' if summary['git']['dirty'] else ''}",
         _gpu_metrics_line(summary),
@@ -403,63 +426,59 @@ def _markdown(summary: dict, host_name: str, results: Path | None = None) -> str
             f"{best['throughput']:.1f} infer/s (p95 {best['p95_us'] / 1000:.1f} ms).",
             "",
         ]
-    labels = _gpu_labels(summary["gpu_metrics"]["gpus"])
-    for model in summary["missing_levels"]:
-        if model not in summary["models"]:
-            lines += [f"## {model}", "", f"Not measured: {_unstable_line(summary, model, host_name)}", ""]
-    for model, rows in summary["models"].items():
-        missing = summary["missing_levels"].get(model, [])
-        lines += [
-            f"## {label(model, summary.get('ran_on_the_cpu', []))}",
-            "",
-            "| concurrency | infer/s | p50 ms | p90 ms | p95 ms | p99 ms |",
-            "|---:|---:|---:|---:|---:|---:|",
-        ]
-        table = {r["concurrency"]: r for r in rows}
-        for level in sorted({*table, *missing}):
-            r = table.get(level)
-            lines.append(
-                f"| {level} | {r['throughput']:.1f} | {r['p50_us'] / 1000:.1f} | {r['p90_us'] / 1000:.1f} "
-                f"| {r['p95_us'] / 1000:.1f} | {r['p99_us'] / 1000:.1f} |"
-                if r
-                else f"| {level} | no stable measurement | - | - | - | - |"
-            )
-        lines += _split_table(rows)
-        gpu_table = _gpu_table(rows, labels)
-        if gpu_table:
-            lines += ["", *gpu_table]
-        elif labels:  # other models of the run have them
-            lines += ["", "GPU metrics: none for this model."]
-        if missing:
-            lines += ["", _unstable_line(summary, model, host_name)]
-        command = summary["commands"].get(model, "")
-        lines += ["", f"perf_analyzer: `{command}`"]
-        if command and results is not None:
-            lines += [f"again by hand, from the project folder: `{by_hand(command, results / 'hosts' / host_name)}`"]
-        lines += [""]
-    if summary["p100_comparison"]:
-        lines += [
-            "## Beside the published P100 figures (serve-system-chi, 2 x P100)",
-            "",
-            "| config | concurrency | published infer/s | published avg latency ms | ours (model, infer/s at 8) |",
-            "|---|---|---:|---:|---|",
-        ]
-        ours = {PUBLISHED_COUNTERPART[m]: m for m in summary["models"] if m in PUBLISHED_COUNTERPART}
-        for config, concurrency, throughput, latency in PUBLISHED_P100:
-            model = ours.get(config)
-            at_8 = next((r["throughput"] for r in summary["models"].get(model, []) if r["concurrency"] == 8), None)
-            mine = f"{model}: {at_8:.1f}" if model and at_8 is not None else "-"
-            lines.append(f"| {config} | {concurrency} | {throughput} | {latency} | {mine} |")
-        lines.append("")
-    lines += ["![throughput](throughput.png)", "", "![latency](latency.png)", ""]
-    for plot, words in (
-        ("throughput_vs_latency.png", "throughput against p99 latency"),
-        ("latency_breakdown.png", "where the latency goes"),
-        ("gpu_utilization.png", "GPU utilisation"),
-    ):
-        if plot in summary["plots"]:
-            lines += [f"![{words}]({plot})", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _model_section(
+    summary: dict, model: str, rows: list[dict], labels: dict, host_name: str, results: Path | None
+) -> list[str]:
+    """One model's section: its levels, where its latency goes, its GPUs, its perf_analyzer command."""
+    missing = summary["missing_levels"].get(model, [])
+    lines = [
+        f"## {label(model, summary.get('ran_on_the_cpu', []))}",
+        "",
+        "| concurrency | infer/s | p50 ms | p90 ms | p95 ms | p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    table = {r["concurrency"]: r for r in rows}
+    for level in sorted({*table, *missing}):
+        r = table.get(level)
+        lines.append(
+            f"| {level} | {r['throughput']:.1f} | {r['p50_us'] / 1000:.1f} | {r['p90_us'] / 1000:.1f} "
+            f"| {r['p95_us'] / 1000:.1f} | {r['p99_us'] / 1000:.1f} |"
+            if r
+            else f"| {level} | no stable measurement | - | - | - | - |"
+        )
+    lines += _split_table(rows)
+    gpu_table = _gpu_table(rows, labels)
+    if gpu_table:
+        lines += ["", *gpu_table]
+    elif labels:  # other models of the run have them
+        lines += ["", "GPU metrics: none for this model."]
+    if missing:
+        lines += ["", _unstable_line(summary, model, host_name)]
+    command = summary["commands"].get(model, "")
+    lines += ["", f"perf_analyzer: `{command}`"]
+    if command and results is not None:
+        lines += [f"again by hand, from the project folder: `{by_hand(command, results / 'hosts' / host_name)}`"]
+    return [*lines, ""]
+
+
+def _p100_section(summary: dict) -> list[str]:
+    """Our models beside the published P100 figures of the same configurations."""
+    lines = [
+        "## Beside the published P100 figures (serve-system-chi, 2 x P100)",
+        "",
+        "| config | concurrency | published infer/s | published avg latency ms | ours (model, infer/s at 8) |",
+        "|---|---|---:|---:|---|",
+    ]
+    ours = {PUBLISHED_COUNTERPART[m]: m for m in summary["models"] if m in PUBLISHED_COUNTERPART}
+    for config, concurrency, throughput, latency in PUBLISHED_P100:
+        model = ours.get(config)
+        at_8 = next((r["throughput"] for r in summary["models"].get(model, []) if r["concurrency"] == 8), None)
+        mine = f"{model}: {at_8:.1f}" if model and at_8 is not None else "-"
+        lines.append(f"| {config} | {concurrency} | {throughput} | {latency} | {mine} |")
+    return [*lines, ""]
 
 
 def write_report(
@@ -506,10 +525,11 @@ def write_report(
     title = " (SMOKE WEIGHTS)" if smoke_weights else ""
     stamp = f"run {run_id} · host {first} · {profile.get('name', '')} profile"
     summary["plots"] = _plots(results, models, title, summary["ran_on_the_cpu"], stamp)
-    (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    run = RunFolder(results)
+    run.write_summary(summary)
     (results / "report.md").write_text(_markdown(summary, first, results))
     if partial:
-        (results / "PARTIAL.md").write_text(f"# Partial run\n\n{_partial_line(partial)}\n")
+        run.mark_partial(_partial_line(partial))
     return summary
 
 
@@ -519,7 +539,7 @@ def _unstable_line(summary: dict, model: str, host_name: str) -> str:
     reason = summary.get("unstable", {}).get(model)
     return (
         f"no stable measurement at concurrency {levels}"
-        + (f" (perf_analyzer: \"{reason}\")" if reason else "")
+        + (f' (perf_analyzer: "{reason}")' if reason else "")
         + f"; see hosts/{host_name}/{model}.log. Longer windows or more trials (lab.bench.<profile>: "
         "docs/configuration.md) or a quieter host help."
     )

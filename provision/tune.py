@@ -36,22 +36,15 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
-from provision import cluster as clusters
-from provision import interrupts, runtimes, targets
+from provision import interrupts
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
-from provision.bench import failure_reason, git_commit, perf_runs, playbook_run, results_root
-from provision.deploy import docker_environment
 from provision.errors import OperationError
-from provision.host.layout import reachable_address
-from provision.lease_guard import check_bench_fits
+from provision.measure import Measurement, RunFolder, failure_reason, git_commit, lease_for, playbook_run
 from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
-from provision.perf import fresh_csv, parse_csv, unstable_reason
-from provision.report import concurrency_levels
-from provision.sample_images import jpeg
+from provision.perf import concurrency_levels, fresh_csv, parse_csv, unstable_reason
 
 # The order in which the settings are searched: the ones that decide the most first.
 DIMENSIONS = ("instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "gpus")
@@ -191,7 +184,7 @@ def search(
 
 @dataclass
 class Tune:
-    """One fab tune: its host, folders and the playbook variables every run shares."""
+    """One fab tune: its host, its run folder and the playbook variables every step shares."""
 
     settings: dict
     state: state_module.State
@@ -200,33 +193,21 @@ class Tune:
 
     def __post_init__(self):
         self.host = self.state.hosts[0].name
-        self.deployed_host = self.state.deploy["hosts"][self.host]
-        self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{self.state.target}-tune"
-        self.results = results_root(self.settings) / self.run_id
+        self.run = RunFolder.create(self.settings, self.state.target, [], kind="tune")
+        self.results = self.run.path
         self.folder = self.results / "tune"
-        self.folder.mkdir(parents=True)
-        (self.results / "input.jpg").write_bytes(jpeg())
-        bind, ports = clusters.deployed_bind_addresses(self.state)[self.host], self.state.deploy["ports"]
-        (self.perf_run,) = perf_runs(
-            [self.model], *runtimes.triton_endpoints(self.state.runtime, bind, ports), profile=self.perf_profile
-        )
+        self.folder.mkdir()
+        measurement = Measurement(self.settings, self.state, self.run, hosts=[self.host])
+        (self.perf_run,) = measurement.perf_runs_of([self.model], self.perf_profile)[self.host]
         self.common = {
-            "lab_run_id": self.run_id,
-            "lab_docker_environment": docker_environment(self.settings),
-            "lab_hosts": self.state.deploy["hosts"],
-            "lab_bench_places": {self.host: runtimes.bench_place(self.state.runtime, self.deployed_host, self.run_id)},
-            "lab_reachable_addresses": {self.host: reachable_address(bind)},
-            "lab_ports": ports,
-            "lab_models": model_names(),
-            "lab_input_image": str(self.results / "input.jpg"),
-            "lab_bench_input_encoding": self.settings["bench"].get("input_encoding", "raw"),
+            **measurement.playbook_vars(),
             "lab_tune_model": self.model,
             "lab_tune_deployed": str(self.folder / "deployed.pbtxt"),
         }
 
     def playbook(self, results_dir: Path, **variables) -> None:
-        for sub in ("hosts", f"hosts/{self.host}/configs"):
-            (results_dir / sub).mkdir(parents=True, exist_ok=True)
+        """One step of the tune, its results (as bench.yml writes a run's) under results_dir."""
+        RunFolder(results_dir).configs(self.host).mkdir(parents=True, exist_ok=True)
         # One line per candidate is the tune's progress: the playbook's task lines are in its log.
         variables = {**self.common, "lab_results_dir": str(results_dir), **variables}
         run_playbook("tune.yml", variables, lambda line: None, limit=self.host)
@@ -244,7 +225,7 @@ class Tune:
     def measure(self, number: int, config_text: str) -> list[dict]:
         """Load one candidate and measure it; its perf_analyzer rows (TuneError: no stable measurement)."""
         results = self.folder / "measurements" / f"{number:02d}"
-        measurement = f"{self.run_id}/{self.model}/{number:02d}"
+        measurement = f"{self.run.id}/{self.model}/{number:02d}"
         self.playbook(
             results,
             lab_tune_config=config_text,
@@ -252,7 +233,7 @@ class Tune:
             lab_bench_prepare=False,
             lab_bench_finish=False,
         )
-        host = results / "hosts" / self.host
+        host = RunFolder(results).host(self.host)
         csv_file = fresh_csv(host / f"{self.model}.csv", host / f"{self.model}.log", measurement)
         if csv_file is None:
             log = host / f"{self.model}.log"
@@ -329,12 +310,11 @@ def tune(
     values_tried = {**VALUES[profile], **({"max_batch_size": sorted(set(batch_sizes))} if batch_sizes else {})}
     host_gpus = int(state.deploy["hosts"][state.hosts[0].name].get("gpu_count") or 0)
     gpu_count = min(host_gpus, max_gpus) if max_gpus else host_gpus
-    end = targets.deadline(state.target, state, settings)
-    if end is not None:  # a lease: the longest this search can be must fit in it, checked before anything is written
-        # the deployed one, every value of every setting, 2 preferred-size choices, the GPU counts, 2 again
-        longest = 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2
-        margin = float(settings["bench"].get("lease_margin_minutes", 15))
-        check_bench_fits(end, longest, perf_profile, profile, margin, datetime.now(timezone.utc))
+    # The longest this search can be must fit in a lease, checked before anything is written: the
+    # deployed one, every value of every setting, 2 preferred-size choices, the GPU counts, 2 again.
+    lease_for(
+        settings, state, 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2, perf_profile, profile
+    )
     job = Tune(settings, state, model, perf_profile)
     say(
         f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, concurrency {job.perf_profile['concurrency_range']})"
@@ -345,22 +325,7 @@ def tune(
     baseline = tunable_settings(model, values)
     if host_gpus == 0:
         baseline.pop("gpus", None)  # CPU instances: no GPU count to choose
-    numbers = itertools.count(1)
-
-    def measure(candidate_settings: dict) -> Candidate:
-        candidate = Candidate(next(numbers), candidate_settings)
-        config_text = render_config(model, replace(values, tuned={**values.tuned, model: candidate_settings}))
-        try:
-            candidate.rows = job.measure(candidate.number, config_text)
-        except PlaybookInterrupted:
-            raise
-        except PlaybookError as error:  # a config Triton refuses, a measurement that failed
-            candidate.error = failure_reason(error)
-        except (TuneError, ValueError) as error:  # no stable measurement
-            candidate.error = str(error).splitlines()[0]
-        say(f"  candidate {candidate.number}: {candidate.describe(p99_ms)}")
-        return candidate
-
+    measure = _measuring(job, values, p99_ms, say)
     try:
         candidates, settled = search(measure, baseline, p99_ms, values_tried, gpu_count)
         again = []
@@ -373,11 +338,56 @@ def tune(
         with interrupts.refused("putting the deployed configuration back first"):
             say("putting the deployed configuration back")
             job.restore(deployed_text)
-    elapsed = time.monotonic() - started
     winner = settled if settled.score(p99_ms) > 0 else None
-    misses = sorted((c for c in candidates if c is not winner and c.rows), key=lambda c: c.closest_row()["p99_us"])
-    summary = {
-        "model": model,
+    summary = _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, values_tried, gpu_count)
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    write_results(job, candidates + again, summary)
+    if winner is None:
+        closest = "\n".join(f"  {c.describe(p99_ms)}" for c in _misses(candidates, winner)[:CLOSEST_MISSES])
+        raise TuneError(
+            f"no configuration of {model} kept p99 within {p99_ms:g} ms at any concurrency of "
+            f"{job.perf_profile['concurrency_range']} ({len(candidates)} measured). The closest:\n{closest}\n"
+            f"Results: {job.folder}. Raise --p99-ms, or lower the concurrency (--concurrency 1:2:1)."
+        )
+    say(
+        f"best: {winner.describe(p99_ms)} ({len(candidates)} of {summary['configurations_in_grid']} configurations "
+        f"measured, {summary['wall_s'] / 60:.1f} min)"
+    )
+    return job.results
+
+
+def _measuring(
+    job: Tune, values: RenderValues, p99_ms: float, say: Callable[[str], None]
+) -> Callable[[dict], Candidate]:
+    """The search's `measure`: render a candidate's settings, load and measure it, say what it gave."""
+    numbers = itertools.count(1)
+
+    def measure(candidate_settings: dict) -> Candidate:
+        candidate = Candidate(next(numbers), candidate_settings)
+        config_text = render_config(job.model, replace(values, tuned={**values.tuned, job.model: candidate_settings}))
+        try:
+            candidate.rows = job.measure(candidate.number, config_text)
+        except PlaybookInterrupted:
+            raise
+        except PlaybookError as error:  # a config Triton refuses, a measurement that failed
+            candidate.error = failure_reason(error)
+        except (TuneError, ValueError) as error:  # no stable measurement
+            candidate.error = str(error).splitlines()[0]
+        say(f"  candidate {candidate.number}: {candidate.describe(p99_ms)}")
+        return candidate
+
+    return measure
+
+
+def _misses(candidates: list[Candidate], winner: Candidate | None) -> list[Candidate]:
+    """The measured candidates other than the winner, closest to the budget first."""
+    return sorted((c for c in candidates if c is not winner and c.rows), key=lambda c: c.closest_row()["p99_us"])
+
+
+def _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, values_tried, gpu_count) -> dict:
+    """best.json: the winner (or none), the deployed configuration, the closest misses, how much was measured."""
+    return {
+        "model": job.model,
         "host": job.host,
         "target": state.target,
         "runtime": state.runtime,
@@ -393,24 +403,13 @@ def tune(
         }
         if again
         else None,
-        "closest_misses": [{"settings": c.settings, **figures(c.closest_row())} for c in misses[:CLOSEST_MISSES]],
+        "closest_misses": [
+            {"settings": c.settings, **figures(c.closest_row())} for c in _misses(candidates, winner)[:CLOSEST_MISSES]
+        ],
         "configurations_measured": len(candidates),
         "configurations_in_grid": grid_size(baseline, values_tried, gpu_count),
-        "wall_s": round(elapsed, 1),
         "git": git_commit(),
     }
-    write_results(job, candidates + again, summary)
-    if winner is None:
-        closest = "\n".join(f"  {c.describe(p99_ms)}" for c in misses[:CLOSEST_MISSES])
-        raise TuneError(
-            f"no configuration of {model} kept p99 within {p99_ms:g} ms at any concurrency of "
-            f"{job.perf_profile['concurrency_range']} ({len(candidates)} measured). The closest:\n{closest}\n"
-            f"Results: {job.folder}. Raise --p99-ms, or lower the concurrency (--concurrency 1:2:1)."
-        )
-    say(
-        f"best: {winner.describe(p99_ms)} ({len(candidates)} of {summary['configurations_in_grid']} configurations measured, {elapsed / 60:.1f} min)"
-    )
-    return job.results
 
 
 def figures(row: dict | None) -> dict | None:
@@ -454,7 +453,10 @@ def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None
             )
     (job.folder / "best.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot = _pareto_plot(
-        job.folder / "pareto.png", candidates, budget, f"{summary['model']} on {summary['host']}, run {job.results.name}"
+        job.folder / "pareto.png",
+        candidates,
+        budget,
+        f"{summary['model']} on {summary['host']}, run {job.results.name}",
     )
     (job.results / "report.md").write_text(report_section(summary, candidates, plot))
 

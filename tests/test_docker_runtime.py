@@ -193,8 +193,8 @@ def test_teardown_of_a_docker_host_that_never_deployed_verifies_and_forgets(lab,
 
 
 def test_bench_measures_from_the_api_container_against_the_triton_container_with_gpu_metrics():
-    from provision.bench import perf_runs
     from provision.config import settings as lab_settings
+    from provision.measure import perf_runs
     from provision.runtimes import triton_endpoints
 
     settings = lab_settings()

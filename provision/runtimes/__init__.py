@@ -32,6 +32,7 @@ class UnknownRuntime(UsageError):
 
 get, routed = router(__name__, RUNTIMES, UnknownRuntime, "runtime")
 
+
 def tasks_folder(runtime: str) -> str:
     """The runtime's Ansible task files (deploy.yml, teardown.yml), which the playbooks include."""
     get(runtime)
@@ -43,6 +44,18 @@ def serving_pins(settings: dict, state: state_module.State) -> tuple[str, str] |
     """(constraints file, extra pip arguments) of the serving torch; None (the default): the target's,
     since the hosts' GPUs decide which torch build runs there."""
     return None
+
+
+@routed
+def uses_docker_engine() -> bool:
+    """Whether the services run on a Docker engine (lab.docker.engine_host, else the host's own): not by default."""
+    return False
+
+
+@routed
+def playbook_environment(settings: dict) -> dict:
+    """The environment variables of the playbooks' commands on the hosts (lab_environment): none by default."""
+    return {}
 
 
 @routed

@@ -23,6 +23,16 @@ def serving_pins(settings: dict, state: state_module.State) -> tuple[str, str]:
     return settings["docker"]["constraints"], f"--extra-index-url {settings['docker']['torch_index']}"
 
 
+def uses_docker_engine() -> bool:
+    return True
+
+
+def playbook_environment(settings: dict) -> dict:
+    """Which engine every docker command on the hosts talks to: lab.docker.engine_host where set."""
+    engine_host = settings["docker"].get("engine_host") or ""
+    return {"DOCKER_HOST": engine_host} if engine_host else {}
+
+
 def stage(settings: dict, state: state_module.State, bundle: Path) -> None:
     """The images' build context; each host's compose.yaml and build arguments follow from its
     GPUs, so the role writes them after the preflight."""
