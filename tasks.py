@@ -11,22 +11,21 @@ pipeline's stages.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
 import sys
-import traceback
 from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from provision import config, flags, hosts, interrupts, inventory, lock, targets
+from provision import config, flags, hosts, interrupts, inventory, lock, pipeline, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
 from provision.errors import LabError, UsageError
-from provision.measure import RunFolder, results_root, runs
+from provision.measure import results_root
 from provision.model_repo import model_names, read_tuned
+from provision.pipeline import INTERRUPTED
 from provision.tune import VALUES
 
 compare_runs = config.client_script("compare_runs")
@@ -83,9 +82,6 @@ def _one_at_a_time(body):
 
 # The flag of every task that takes the lock.
 NO_WAIT_HELP = {"no_wait": "refuse at once when another fab command works on this state (default: wait for it)"}
-
-# The exit code of a command that Ctrl-C or SIGTERM ended (128 + SIGINT, as a shell reports it).
-INTERRUPTED = 130
 
 # The flags of `fab deploy` that make a cluster, which `fab run` takes too.
 CLUSTER_HELP = {
@@ -177,11 +173,7 @@ def provision(
     readers = {name: targets.provision_flags(name) for name in targets.TARGETS}
     flags.for_target(target, given, readers, targets.COMMON_PROVISION_FLAGS)
     current = state_module.load()
-    if current is not None and current.target != target:
-        raise Exit(
-            f"error: already provisioned on the {current.target} target: run `fab teardown` first, "
-            f"then `fab provision --target {target}`"
-        )
+    targets.check_can_provision(target, current)
     options = {
         "hosts": host, "user": user, "port": port, "key": key, "python": python, "serving_venv": serving_venv,
         "runtime": runtime,
@@ -195,17 +187,10 @@ def provision(
         with interrupts.handled():
             new_state = targets.provision(target, settings, options, current, state_module.save, print)
     except Exception:
-        _forget_a_state_that_holds_nothing()
+        targets.forget_a_state_that_holds_nothing()
         raise  # and _fails_cleanly says why (or shows a bug's traceback)
     except KeyboardInterrupt:
-        _forget_a_state_that_holds_nothing()
-        recorded = state_module.load()
-        held = targets.held(target, recorded) if recorded is not None else "nothing reserved yet"
-        raise Exit(
-            f"interrupted: {held}. `fab provision --target {target}` continues where it stopped, "
-            "`fab teardown` releases what exists",
-            code=INTERRUPTED,
-        ) from None
+        raise Exit(targets.interrupted_provision(target), code=INTERRUPTED) from None
     if not new_state.hosts:  # a reservation booked ahead: the target said when it starts and what to run then
         return
     print(f"inventory: {inventory.render(new_state)}")
@@ -216,13 +201,6 @@ def provision(
 PROVISION_DEFAULTS = {
     name: parameter.default for name, parameter in inspect.signature(provision.body).parameters.items() if name != "c"
 }
-
-
-def _forget_a_state_that_holds_nothing() -> None:
-    """A provision that failed before reserving anything leaves only names: forget them."""
-    recorded = state_module.load()
-    if recorded is not None and targets.holds_nothing(recorded.target, recorded):
-        state_module.clear()
 
 
 @task(
@@ -245,10 +223,8 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
     from provision.deploy import deploy as run_deploy
 
     state = _state()
-    if not state.hosts:  # a reservation booked ahead: its hosts come once it has started
-        booked = targets.booked_ahead(state.target, state)
-        if booked:
-            raise Exit(f"error: no host yet: {booked['lease']}; deploy after its start (fab status shows the wait)")
+    targets.check_hosts_to_deploy(state)  # a reservation booked ahead: its hosts come once it has started
+    if not state.hosts:
         print(f"no host yet: launching on the {state.target} reservation first (fab provision)")
         provision(c, target=state.target)
         state = _state()
@@ -348,6 +324,22 @@ def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_
     return results
 
 
+def _and_provision_flags(body):
+    """The task takes `fab provision`'s flags too (but its --wait-for-start and --no-wait): they come in
+    **provision_flags, and the signature that Invoke reads names each of them with its default."""
+    own = inspect.signature(body)
+    taken = [parameter for parameter in own.parameters.values() if parameter.kind is not parameter.VAR_KEYWORD]
+    names = {parameter.name for parameter in taken}
+    borrowed = [
+        parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for name, parameter in inspect.signature(provision.body).parameters.items()
+        if name in PROVISION_HELP and name not in names
+    ]
+    first, rest = taken[:1], [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) for parameter in taken[1:]]
+    body.__signature__ = own.replace(parameters=[*first, *borrowed, *rest])
+    return body
+
+
 @task(
     iterable=["host", "node", "resource_property", "model"],
     help={
@@ -365,28 +357,9 @@ def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_
 )
 @_fails_cleanly()
 @_one_at_a_time
+@_and_provision_flags
 def run(
     c,
-    target="",
-    host=None,
-    user="",
-    port=22,
-    key="",
-    python="",
-    serving_venv="",
-    runtime="",
-    site="",
-    node_type="",
-    image="",
-    hours=0.0,
-    count=0,
-    key_name="",
-    public_key="",
-    floating_ip="",
-    lease="",
-    start="",
-    node=None,
-    resource_property=None,
     release_lease=False,
     quick=False,
     model=None,
@@ -394,6 +367,7 @@ def run(
     cluster=False,
     lb_node="",
     no_wait=False,
+    **provision_flags,
 ):
     """provision -> deploy -> bench -> teardown in one command; teardown runs after a failure or Ctrl-C too.
 
@@ -403,49 +377,24 @@ def run(
     lines name it. A bench that did not finish leaves its folder marked partial.
     """
     sys.stdout, sys.stderr = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
-    if state_module.load() is not None:
-        raise Exit(
-            "error: something is already provisioned, and `fab run` tears down what it ran on: "
-            "run `fab teardown` first, or `fab deploy` and `fab bench` on what is there"
-        )
-    # provision's own flags, as given (PROVISION_HELP names exactly them)
-    provision_options = {name: value for name, value in locals().items() if name in PROVISION_HELP}
+    targets.check_nothing_provisioned(state_module.load())
     stages = {
-        "provision": lambda: provision(c, **provision_options, wait_for_start=True),  # a lease booked ahead
+        "provision": lambda: provision(c, **provision_flags, wait_for_start=True),  # a lease booked ahead
         "deploy": lambda: deploy(c, cluster=cluster, lb_node=lb_node),
         "bench": lambda: bench(c, quick=quick, model=model, cluster=cluster),
     }
-    results_before = set(runs(_settings(c)))
-    failed, message, code, results, bug = None, "", 0, None, ""
-    stage = "provision"
-    with interrupts.handled(), contextlib.ExitStack() as finishing:
-        # Once the stages have ended, however they ended, the run finishes: a signal
-        # is refused from the first statement on. Entered inside handled(), so no
-        # moment is left where Python's own handler turns a Ctrl-C into exit 1.
-        finish = functools.partial(finishing.enter_context, interrupts.refused(FINISHING))
-        try:
-            for stage, step in stages.items():
-                print(f"== fab run: {stage}", flush=True)
-                results = step()
-        except Exit as error:
-            finish()
-            failed, message, code = stage, str(error.message or "failed"), error.code or 1
-            print(message, file=sys.stderr, flush=True)  # the stage's own words (and its log), before the teardown's
-            if code == INTERRUPTED:
-                message = "interrupted (Ctrl-C or SIGTERM)"
-        except KeyboardInterrupt:
-            finish()
-            failed, message, code = stage, "interrupted (Ctrl-C or SIGTERM)", INTERRUPTED
-        except Exception as error:  # a bug: the teardown runs all the same, the traceback comes after it
-            finish()
-            failed, message, code = stage, f"{type(error).__name__}: {error}", 1
-            bug = traceback.format_exc()
-        else:
-            finish()
-        return _finish_run(c, keep, results, results_before, failed, message, code, bug, release_lease)
-
-
-FINISHING = "fab run: teardown is finishing; it is not interrupted"
+    ending = pipeline.run(
+        stages,
+        teardown=lambda: teardown(c, release_lease=release_lease),
+        settings=_settings(c),
+        keep=keep,
+        release_lease=release_lease,
+        say=lambda line: print(line, flush=True),
+    )
+    if ending.failed:
+        raise Exit(f"fab run: stage {ending.failed} failed (exit {ending.code}); its message is above", code=ending.code)
+    if ending.code:
+        raise Exit(code=ending.code)
 
 
 class _PipeSafe:
@@ -470,65 +419,6 @@ class _PipeSafe:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
-
-
-def _finish_run(
-    c,
-    keep: bool,
-    results,
-    results_before: set,
-    failed: str | None,
-    message: str,
-    code: int,
-    bug: str = "",
-    release_lease: bool = False,
-) -> None:
-    """fab run after its stages: mark a partial bench, tear down unless --keep, say how it ended.
-
-    Interrupted while it waits for a lease booked ahead, the run leaves the lease booked (the user
-    may come back at its start), unless the run booked it and --release-lease asks to delete it.
-    """
-    # A bench that did not finish wrote no summary; one the lease stopped marked itself partial.
-    partial = [RunFolder(folder) for folder in set(runs(_settings(c))) - results_before]
-    partial = [run for run in partial if not run.is_complete()]
-    for run in partial:
-        if not run.is_partial():
-            run.mark_partial(f"The bench did not finish: {message}")
-
-    torn_down = "kept (--keep): `fab teardown` removes it"
-    state = state_module.load()
-    booked = targets.booked_ahead(state.target, state) if state is not None and code == INTERRUPTED else {}
-    if booked and not keep:
-        if release_lease and booked["ours"]:
-            print(f"fab run: interrupted while waiting: deleting {booked['lease']}, as --release-lease asks")
-        else:
-            keep = True
-            torn_down = (
-                f"not started: {booked['lease']} stays booked; `fab provision --target {state.target}` after its "
-                "start continues, `fab teardown` releases it"
-            )
-    if not keep:
-        print("== fab run: teardown", flush=True)
-        try:
-            teardown(c, release_lease=release_lease)
-            torn_down = "torn down"
-        except Exit as error:
-            torn_down = f"teardown failed: {error.message}; run `fab teardown` again"
-            code = code or 1
-
-    if results is not None:
-        print(f"fab run: results in {results}")
-    for run in partial:
-        print(f"fab run: partial results in {run.path} (PARTIAL.md)")
-    if failed:
-        print(f"fab run: failed at {failed}: {message.splitlines()[0] if message else ''}")
-        print(f"fab run: the deployment was {torn_down}")
-        if bug:
-            print(f"fab run: this is a bug in the project; its traceback:\n{bug}", file=sys.stderr)
-        raise Exit(f"fab run: stage {failed} failed (exit {code}); its message is above", code=code)
-    print(f"fab run: done; the deployment was {torn_down}")
-    if code:
-        raise Exit(code=code)
 
 
 @task(
@@ -641,7 +531,11 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
     parts = {(c["run"], c["model"], c["concurrency"]): c for c in written["split_changes"]}
     for found in written["regressions"]:
         part = parts.get((found["run"], found["model"], found["concurrency"]))
-        grew = f"; the average mostly in {part['part'].replace('_', ' ')} ({part['change_us'] / 1000:+.1f} ms)" if part else ""
+        grew = (
+            f"; the average mostly in {part['part'].replace('_', ' ')} ({part['change_us'] / 1000:+.1f} ms)"
+            if part
+            else ""
+        )
         print(
             f"REGRESSION {found['run']}: {found['model']} c={found['concurrency']} {found['figure']} "
             f"x{found['ratio']:.2f}{grew}"
@@ -654,7 +548,7 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
 @task(
     positional=["line"],
     help={
-        "line": 'perf_analyzer\'s command line as you would type it, quoted: "perf_analyzer -m food_classifier '
+        "line": "perf_analyzer's command line as you would type it, quoted: \"perf_analyzer -m food_classifier "
         '--input-data input.json -b 1 --concurrency-range 8" (-u is set to the deployed Triton; a local '
         "--input-data file is copied to the host)",
         "node": "which host (name or index, default the first)",

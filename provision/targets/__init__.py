@@ -148,3 +148,49 @@ def choose_runtime(target: str, settings: dict, asked: str = "") -> str:
     if runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
     return runtime
+
+
+# --------------------------------------------------------------------------- guards around provision
+
+
+def check_can_provision(target: str, current: State | None) -> None:
+    """UsageError where another target is provisioned: one state holds the hosts of one target."""
+    if current is not None and current.target != target:
+        raise UsageError(
+            f"already provisioned on the {current.target} target: run `fab teardown` first, "
+            f"then `fab provision --target {target}`"
+        )
+
+
+def check_nothing_provisioned(current: State | None) -> None:
+    """UsageError where something is provisioned: `fab run` tears down what it ran on, so it starts from nothing."""
+    if current is not None:
+        raise UsageError(
+            "something is already provisioned, and `fab run` tears down what it ran on: "
+            "run `fab teardown` first, or `fab deploy` and `fab bench` on what is there"
+        )
+
+
+def check_hosts_to_deploy(state: State) -> None:
+    """UsageError where the reservation is booked ahead and has not started: its hosts come once it has."""
+    booked = booked_ahead(state.target, state) if not state.hosts else {}
+    if booked:
+        raise UsageError(f"no host yet: {booked['lease']}; deploy after its start (fab status shows the wait)")
+
+
+def forget_a_state_that_holds_nothing() -> None:
+    """A provision that failed before reserving anything leaves only names: forget them."""
+    recorded = state_module.load()
+    if recorded is not None and holds_nothing(recorded.target, recorded):
+        state_module.clear()
+
+
+def interrupted_provision(target: str) -> str:
+    """What an interrupted provision says: what it holds, and the two ways on."""
+    forget_a_state_that_holds_nothing()
+    recorded = state_module.load()
+    what = held(target, recorded) if recorded is not None else "nothing reserved yet"
+    return (
+        f"interrupted: {what}. `fab provision --target {target}` continues where it stopped, "
+        "`fab teardown` releases what exists"
+    )
