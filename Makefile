@@ -42,13 +42,13 @@ test-docker: setup system-deps docker-bases
 
 # The docker runtime's tests: Debian's docker.io, a dockerd of the tests' own
 # (.runtime/docker: its own data root, socket and pidfile) and local stand-ins
-# for the two base images, since no registry can be reached (tests/docker_engine.py);
+# for the two base images, since no registry can be reached (provision/docker_engine.py);
 # and the cluster tests' node image (sshd, HAProxy, firewalld) and the nvidia-pytriton wheel they install from
 # (tests/cluster_nodes.py).
 docker-bases: setup
-	$(BIN)/python tests/docker_engine.py install
-	$(BIN)/python tests/docker_engine.py start
-	$(BIN)/python tests/docker_engine.py bases
+	$(BIN)/python -m provision.docker_engine install
+	$(BIN)/python -m provision.docker_engine start
+	$(BIN)/python -m provision.docker_engine bases
 	cd tests && ../$(BIN)/python cluster_nodes.py
 
 # What the tests need from the system: sshd (the ssh-target tests start their own
@@ -104,5 +104,5 @@ lint: venv
 
 clean:
 	-$(BIN)/python -m provision.local_serving stop
-	-$(BIN)/python tests/docker_engine.py stop
+	-$(BIN)/python -m provision.docker_engine stop
 	rm -rf $(RUNTIME)

@@ -17,7 +17,7 @@ Prints each time and the ratio. The machine is noisy: compare within one run.
 side. The docker runtime's full deploy is cold: no image of ours and no build
 cache (teardown removes the images, the builder cache is pruned before each
 run); the base images stay, as a registry's would be cached on a node. It uses
-the engine and stand-in bases of the tests (tests/docker_engine.py, `make
+the engine and stand-in bases of the tests (provision/docker_engine.py, `make
 docker-bases`) unless FABRIC_LAB_DOCKER_ENGINE_HOST names another engine.
 """
 
@@ -36,9 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FAB = str(Path(sys.executable).parent / "fab")
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-import docker_engine  # noqa: E402
-
+from provision import docker_engine, runtimes  # noqa: E402
+from provision import state as state_module  # noqa: E402
 from provision.host.background import free_ports  # noqa: E402
 from provision.model_repo import model_names  # noqa: E402
 
@@ -55,9 +54,10 @@ def fab(env: dict, *args: str) -> float:
     return elapsed
 
 
-def docker_env(env: dict) -> dict:
-    """The environment of a docker-runtime user: the tests' engine and bases unless another engine is named."""
-    if env.get("FABRIC_LAB_DOCKER_ENGINE_HOST"):
+def runtime_env(runtime: str, env: dict) -> dict:
+    """The environment of a user of `runtime`: on a Docker engine, the project's own engine and stand-in
+    bases (provision/docker_engine.py) unless FABRIC_LAB_DOCKER_ENGINE_HOST names another."""
+    if not runtimes.uses_docker_engine(runtime) or env.get("FABRIC_LAB_DOCKER_ENGINE_HOST"):
         return env
     docker_engine.start()
     docker_engine.bases()
@@ -103,38 +103,46 @@ def load_one_model(triton: str) -> float:
     return time.perf_counter() - started
 
 
-def restart_triton(runtime: str, env: dict, deploy_dir: Path, triton: str) -> float:
+def host_helper(env: dict, subcommand: str) -> str:
+    """What the deployed runtime's host-side helper prints for `subcommand` (restart triton, pids...):
+    the runtime says how to run it (provision.runtimes.host_command)."""
+    state = state_module.load(Path(env["LAB_STATE_FILE"]))
+    deployed = state.deploy["hosts"][state.hosts[0].name]
+    command = runtimes.host_command(state.runtime, deployed, subcommand)
+    done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{command} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def restart_triton(env: dict, triton: str) -> float:
     """Seconds to restart Triton until every model is READY (what a config change cost before)."""
     started = time.perf_counter()
-    if runtime == "process":
-        serving_python = json.loads((deploy_dir / "runtime.json").read_text())["serving_python"]
-        command = [serving_python, "-m", "provision.host.process_runtime",
-                   "--config", f"{deploy_dir}/runtime.json", "restart", "triton"]  # fmt: skip
-        subprocess.run(command, env=env | {"PYTHONPATH": f"{deploy_dir}/lib"}, check=True, capture_output=True)
-    else:
-        engine = env["FABRIC_LAB_DOCKER_ENGINE_HOST"]
-        compose = ["docker", "--host", engine, "compose", "--file", f"{deploy_dir}/compose.yaml", "restart", "triton"]
-        subprocess.run(compose, check=True, capture_output=True)
+    host_helper(env, "restart triton")
     wait_all_ready(triton)
     return time.perf_counter() - started
+
+
+# The runtime every run measures; --runtime adds another beside it.
+BASELINE_RUNTIME = runtimes.RUNTIMES[0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=2, help="full + no-change pairs to measure (default 2)")
-    parser.add_argument("--runtime", choices=["process", "docker"], default="process",
-                        help="docker: both runtimes side by side (default: process only)")  # fmt: skip
+    parser.add_argument("--runtime", choices=runtimes.RUNTIMES, default=BASELINE_RUNTIME,
+                        help=f"measure this runtime beside {BASELINE_RUNTIME} (default: {BASELINE_RUNTIME} only)")  # fmt: skip
     args = parser.parse_args()
-    runtimes = ["process", "docker"] if args.runtime == "docker" else ["process"]
+    measured = list(dict.fromkeys([BASELINE_RUNTIME, args.runtime]))
     with tempfile.TemporaryDirectory(prefix="deploy-time-") as folder:
         env = dict(os.environ, LAB_STATE_FILE=f"{folder}/state/state.json",
                    FABRIC_LAB_LOCAL_DEPLOY_DIR=f"{folder}/deploy")  # fmt: skip
         env.update({f"FABRIC_LAB_PORTS_{name.upper()}": str(port) for name, port in zip(PORTS, free_ports(len(PORTS)))})
         rows = []
         for attempt in range(1, args.repeat + 1):
-            for runtime in runtimes:  # interleaved: both see the same machine load
-                run_env = docker_env(env) if runtime == "docker" else env
-                if runtime == "docker":
+            for runtime in measured:  # interleaved: both see the same machine load
+                run_env = runtime_env(runtime, env)
+                if runtimes.uses_docker_engine(runtime):
                     cold_start(run_env)
                 fab(run_env, "provision", "--target", "local", "--runtime", runtime)
                 full = fab(run_env, "deploy")
@@ -142,7 +150,7 @@ def main() -> None:
                 config_change = fab(run_env | {"FABRIC_LAB_MODELS_INSTANCES_PER_GPU": "2"}, "deploy")
                 triton = f"http://127.0.0.1:{run_env['FABRIC_LAB_PORTS_TRITON_HTTP']}"
                 load = load_one_model(triton)
-                restart = restart_triton(runtime, run_env, Path(folder) / "deploy", triton)
+                restart = restart_triton(run_env, triton)
                 fab(run_env, "teardown")
                 rows.append((attempt, runtime, full, again, config_change, load, restart))
         print(f"{'run':>3}  {'runtime':<8} {'full deploy s':>13}  {'no-change re-deploy s':>21}  {'ratio':>6}"
@@ -152,11 +160,12 @@ def main() -> None:
                   f"  {config_change:>22.1f}  {load:>14.1f}  {restart:>16.1f}")  # fmt: skip
         for attempt, runtime, *_, load, restart in rows:
             print(f"run {attempt} {runtime}: loading the changed model is {restart / load:.1f}x faster than a restart")
-        if len(runtimes) == 2:
+        if len(measured) == 2:
             for attempt in range(1, args.repeat + 1):
-                process, docker = (row for row in rows if row[0] == attempt)
+                base, other = (row for row in rows if row[0] == attempt)
                 print(
-                    f"run {attempt}: docker / process: full {docker[2] / process[2]:.1f}x, no-change {docker[3] / process[3]:.1f}x"
+                    f"run {attempt}: {other[1]} / {base[1]}: full {other[2] / base[2]:.1f}x, "
+                    f"no-change {other[3] / base[3]:.1f}x"
                 )
         print(f"load average after: {os.getloadavg()[0]:.2f} (2 cores here: > 2 means the figures are inflated)")
 

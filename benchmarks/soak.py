@@ -14,7 +14,7 @@ failed or a process grew more than --max-growth-mb between the end of the
 warm-up minute and the end of the run.
 
 --runtime docker soaks the docker runtime with the tests' engine and bases
-(tests/docker_engine.py, `make docker-bases`): the containers' processes are
+(provision/docker_engine.py, `make docker-bases`): the containers' processes are
 processes of this machine, so their RSS is read the same way.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -36,9 +37,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from deploy_time import PORTS, docker_env, fab  # noqa: E402
+from deploy_time import BASELINE_RUNTIME, PORTS, fab, host_helper, runtime_env  # noqa: E402
 
-from provision import config, perf, sample_images  # noqa: E402
+from provision import config, perf, runtimes, sample_images  # noqa: E402
 from provision.host.background import free_ports  # noqa: E402
 from provision.host.tritonserver import perf_analyzer_env  # noqa: E402
 
@@ -84,21 +85,10 @@ def command_line(pid: int) -> list[str]:
         return []
 
 
-def main_pids(runtime: str, deploy_dir: Path, env: dict) -> tuple[int, int]:
-    """(tritonserver's pid, the API's pid) on this machine."""
-    if runtime == "process":
-        run = deploy_dir / "run"
-        return int((run / "tritonserver.pid").read_text()), int((run / "api.pid").read_text())
-    engine = ["docker", "--host", env["FABRIC_LAB_DOCKER_ENGINE_HOST"]]
-    project = env["FABRIC_LAB_DOCKER_PROJECT"]
-
-    def container_pid(service: str) -> int:
-        inspect = [*engine, "inspect", "--format", "{{.State.Pid}}", f"{project}-{service}-1"]
-        return int(subprocess.run(inspect, check=True, capture_output=True, text=True).stdout)
-
-    api_entrypoint = container_pid("api")  # /bin/sh entrypoint.sh: uvicorn is its child
-    uvicorn = [p for p in descendants(api_entrypoint) if any("uvicorn" in part for part in command_line(p))]
-    return container_pid("triton"), uvicorn[0] if uvicorn else api_entrypoint
+def main_pids(env: dict) -> tuple[int, int]:
+    """(tritonserver's pid, the API server's pid) on this machine, as the runtime's host helper says."""
+    pids = json.loads(host_helper(env, "pids"))
+    return pids["triton"], pids["api"]
 
 
 def memory(triton_pid: int, api_pid: int) -> dict[str, float]:
@@ -185,7 +175,7 @@ def soak(args: argparse.Namespace, env: dict, deploy_dir: Path, folder: Path) ->
     triton = f"127.0.0.1:{ports['triton_http']}"
     perf.write_input_json(folder / "input.json", [sample_images.jpeg(seed=22)])
     perf_env = perf_analyzer_env(config.runtime_dir() / "triton")
-    triton_pid, api_pid = main_pids(args.runtime, deploy_dir, env)
+    triton_pid, api_pid = main_pids(env)
 
     perf_tally, api_tally, stop = Tally(), Tally(), threading.Event()
     started = time.monotonic()
@@ -246,7 +236,7 @@ def main() -> None:
     parser.add_argument(
         "--max-growth-mb", type=float, default=64.0, help="RSS growth allowed per process after warm-up"
     )
-    parser.add_argument("--runtime", choices=["process", "docker"], default="process")
+    parser.add_argument("--runtime", choices=runtimes.RUNTIMES, default=BASELINE_RUNTIME)
     args = parser.parse_args()
     if args.minutes <= args.warmup_minutes:
         sys.exit("--minutes must be more than --warmup-minutes")
@@ -254,8 +244,7 @@ def main() -> None:
         env = dict(os.environ, LAB_STATE_FILE=f"{folder}/state/state.json",
                    FABRIC_LAB_LOCAL_DEPLOY_DIR=f"{folder}/deploy")  # fmt: skip
         env.update({f"FABRIC_LAB_PORTS_{name.upper()}": str(port) for name, port in zip(PORTS, free_ports(len(PORTS)))})
-        if args.runtime == "docker":
-            env = docker_env(env)
+        env = runtime_env(args.runtime, env)
         fab(env, "provision", "--target", "local", "--runtime", args.runtime)
         try:
             fab(env, "deploy")

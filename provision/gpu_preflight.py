@@ -168,28 +168,7 @@ def decide(
     if not gpus:
         return Verdict(False, "nvidia-smi lists no GPU on this host: check the node type", [])
 
-    problems = []
-    needed = triton_min_capability(triton_image)
-    for gpu in gpus:
-        label = f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability})"
-        if gpu.capability < needed:
-            problems.append(
-                f"{label}: {triton_image} needs compute capability >= {_fmt(needed)}; "
-                "pin nvcr.io/nvidia/tritonserver:24.10-py3 (the last release for 6.0)"
-                if needed > TRITON_MIN_CAPABILITY_BEFORE_2503
-                else f"{label}: {triton_image} needs compute capability >= {_fmt(needed)}"
-            )
-        if not torch_runs_on(gpu.capability, torch_arches):
-            problems.append(
-                f"{label}: the pinned torch build has no kernels for it (its architectures: "
-                f"{', '.join(torch_arches)}); torch would fail with 'no kernel image is available'"
-            )
-        driver = gpu.driver_major
-        if driver < TRITON_MIN_DRIVER and driver not in FORWARD_COMPATIBLE_DRIVER_BRANCHES:
-            problems.append(
-                f"{label}: driver {gpu.driver_version} is too old for {triton_image} (CUDA 12.6 needs driver >= "
-                f"{TRITON_MIN_DRIVER}, or a data-center branch {', '.join(map(str, FORWARD_COMPATIBLE_DRIVER_BRANCHES))})"
-            )
+    problems = [problem for gpu in gpus for problem in gpu_problems(gpu, triton_image, torch_arches)]
     if problems:
         return Verdict(False, "the GPUs of this host cannot run the pinned images:\n- " + "\n- ".join(problems), gpus)
     names = sorted({gpu.name for gpu in gpus})
@@ -199,6 +178,32 @@ def decide(
         f"{', '.join(sorted({gpu.compute_capability for gpu in gpus}))}; driver {gpus[0].driver_version}",
         gpus,
     )
+
+
+def gpu_problems(gpu, triton_image: str, torch_arches: list[str]) -> list[str]:
+    """Why one GPU cannot run the pinned images: its compute capability, the torch build's kernels, its driver."""
+    problems = []
+    needed = triton_min_capability(triton_image)
+    label = f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability})"
+    if gpu.capability < needed:
+        problems.append(
+            f"{label}: {triton_image} needs compute capability >= {_fmt(needed)}; "
+            "pin nvcr.io/nvidia/tritonserver:24.10-py3 (the last release for 6.0)"
+            if needed > TRITON_MIN_CAPABILITY_BEFORE_2503
+            else f"{label}: {triton_image} needs compute capability >= {_fmt(needed)}"
+        )
+    if not torch_runs_on(gpu.capability, torch_arches):
+        problems.append(
+            f"{label}: the pinned torch build has no kernels for it (its architectures: "
+            f"{', '.join(torch_arches)}); torch would fail with 'no kernel image is available'"
+        )
+    driver = gpu.driver_major
+    if driver < TRITON_MIN_DRIVER and driver not in FORWARD_COMPATIBLE_DRIVER_BRANCHES:
+        problems.append(
+            f"{label}: driver {gpu.driver_version} is too old for {triton_image} (CUDA 12.6 needs driver >= "
+            f"{TRITON_MIN_DRIVER}, or a data-center branch {', '.join(map(str, FORWARD_COMPATIBLE_DRIVER_BRANCHES))})"
+        )
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Several real hosts on one machine, for the cluster tests: sshd in containers on a bridge network.
 
-Each node is a container of the tests' own Docker engine (tests/docker_engine.py)
+Each node is a container of the tests' own Docker engine (provision/docker_engine.py)
 on a user-defined bridge network, so it has an address of its own and the same
 ports as every other node, as separate machines would. The controller reaches
 each over SSH as root with a key made for the test. Nothing large is copied: the
@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import docker_engine
-from docker_engine import PROJECT_ROOT, docker, has_image, import_debian_root
+from provision import docker_engine
+from provision.docker_engine import PROJECT_ROOT, docker, has_image, import_debian_root
 
 NODE_IMAGE = "triton-lab-standin/node:bookworm-firewalld"
 NODE_PACKAGES = (

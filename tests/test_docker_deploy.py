@@ -1,7 +1,7 @@
 """The docker runtime for real, on the local target: images built, containers serving, bench, teardown.
 
 A real dockerd of the tests' own and stand-ins for the two base images
-(tests/docker_engine.py: no registry can be reached; `make docker-bases`
+(provision/docker_engine.py: no registry can be reached; `make docker-bases`
 prepares both), selected by configuration only. The host has no GPU, so the
 deployment is the one every CPU host gets: CPU images, CPU model instances.
 
@@ -27,14 +27,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import docker_engine
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
 from helpers import APIS, classify, inference_count, post_image, status_once
 from test_pipeline import changed_tasks, http_status, only_model_touched, served_instance_counts
 
-from provision import sample_images
+from provision import docker_engine, sample_images
 from provision.host.background import port_is_free
 from provision.host.tritonserver import perf_analyzer_env
 from provision.model_repo import model_names

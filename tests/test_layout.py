@@ -214,3 +214,49 @@ def test_the_project_s_settings_reach_the_roles_in_one_place_under_names_the_rol
     for playbook in ("deploy.yml", "teardown.yml"):
         for play in yaml.safe_load((ROOT / "playbooks" / playbook).read_text()):
             assert play["vars_files"] == ["vars/role_settings.yml"], (playbook, play["name"])
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant in a Python file's code (docstrings and comments aside)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_one_module_knows_the_run_folder_s_format_and_one_writes_it():
+    """client_scripts/run_folder.py names the parts of results/<run-id>/; provision/measure.py writes them."""
+    owners = {ROOT / "client_scripts" / "run_folder.py", ROOT / "provision" / "measure.py"}
+    files = [ROOT / "tasks.py", *sorted((ROOT / "provision").rglob("*.py")), *sorted((ROOT / "client_scripts").glob("*.py"))]
+    naming = [
+        f"{path.relative_to(ROOT)}:{line}: {text!r}"
+        for path in files if path not in owners
+        for line, text in _string_constants(path)
+        if text.strip("/") in ("summary.json", "PARTIAL.md")
+    ]  # fmt: skip
+    assert naming == [], "read and write a run through provision.measure (client_scripts: run_folder)"
+    writers = [
+        str(path.relative_to(ROOT)) for path in files if path not in owners
+        if re.search(r"\.write_summary\(|\.mark_partial\(", path.read_text()) and path.parent.name != "provision"
+    ]  # fmt: skip
+    assert writers == [], "only the controller writes runs"
+
+
+def test_the_benchmarks_go_through_the_two_axes_and_not_through_the_tests():
+    found = []
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if NAME_COMPARISON.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: compares a name: {line.strip()}")
+            if re.search(r"""["']tests["']|\bfrom tests\b|\bimport tests\b""", line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: reaches into tests/: {line.strip()}")
+    assert found == []
+

@@ -5,6 +5,8 @@ deploy folder that holds compose.yaml:
 
     python3 -m provision.host.container_runtime --home ~/triton-lab status
     python3 -m provision.host.container_runtime --home ~/triton-lab logs triton --lines 50
+    python3 -m provision.host.container_runtime --home ~/triton-lab restart triton
+    python3 -m provision.host.container_runtime --home ~/triton-lab pids
 
 `status` prints one JSON object shaped like provision.host.process_runtime's
 (triton, api, jupyter: health, URLs, model states), with the container's
@@ -28,19 +30,24 @@ SERVICES = {"triton": "triton", "api": "api", "jupyter": "api"}  # fab's service
 
 
 def compose(home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    """`docker compose` on the deployment, with the engine the deploy used (runtime.json's docker_host)."""
-    env = dict(os.environ)
-    runtime_json = home / RUNTIME_JSON
-    docker_host = json.loads(runtime_json.read_text()).get("docker_host") if runtime_json.exists() else ""
-    if docker_host:
-        env["DOCKER_HOST"] = docker_host
+    """`docker compose` on the deployment, with the engine the deploy used."""
     return subprocess.run(
         ["docker", "compose", "--file", str(home / "compose.yaml"), *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        env=env,
+        env=_engine_environment(home),
     )
+
+
+def _engine_environment(home: Path) -> dict:
+    """The environment of a docker command on the deployment: the engine the deploy used (runtime.json's docker_host)."""
+    env = dict(os.environ)
+    runtime_json = home / RUNTIME_JSON
+    docker_host = json.loads(runtime_json.read_text()).get("docker_host") if runtime_json.exists() else ""
+    if docker_host:
+        env["DOCKER_HOST"] = docker_host
+    return env
 
 
 def containers(home: Path) -> dict[str, dict]:
@@ -97,6 +104,44 @@ def status(home: Path, bind_address: str, ports: dict) -> dict:
     }
 
 
+def main_pids(home: Path) -> dict[str, int | None]:
+    """{"triton", "api"}: the host's pid of tritonserver and of the API's server (uvicorn, a child of the
+    container's entrypoint shell), as provision.host.process_runtime's `pids` gives its own."""
+    running = containers(home)
+
+    def pid_of(service: str) -> int | None:
+        name = (running.get(service) or {}).get("name")
+        if not name:
+            return None
+        inspect = ["docker", "inspect", "--format", "{{.State.Pid}}", name]
+        done = subprocess.run(inspect, capture_output=True, text=True, env=_engine_environment(home))
+        pid = int(done.stdout.strip() or 0) if done.returncode == 0 else 0
+        return pid or None
+
+    api = pid_of("api")
+    uvicorn = [child for child in _descendants(api) if "uvicorn" in _command_line(child)] if api else []
+    return {"triton": pid_of("triton"), "api": uvicorn[0] if uvicorn else api}
+
+
+def _descendants(pid: int) -> list[int]:
+    below = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            below.append(int(stat.parent.name))
+    return below + [grandchild for child in below for grandchild in _descendants(child)]
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+    except OSError:
+        return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, required=True, help="the deploy folder (holds compose.yaml)")
@@ -106,12 +151,22 @@ def main(argv: list[str] | None = None) -> int:
     logs_parser = commands.add_parser("logs", help="a service's recent log")
     logs_parser.add_argument("service", choices=sorted(SERVICES))
     logs_parser.add_argument("--lines", type=int, default=50)
+    restart_parser = commands.add_parser("restart", help="restart a service's container")
+    restart_parser.add_argument("service", choices=sorted(SERVICES))
+    commands.add_parser("pids", help="the host's pids of tritonserver and the API server (JSON)")
     args = parser.parse_args(argv)
     home = args.home.expanduser()
     if args.command == "logs":
         done = compose(home, "logs", "--no-color", "--tail", str(args.lines), SERVICES[args.service])
         sys.stdout.write(done.stdout + done.stderr)
         return done.returncode
+    if args.command == "restart":
+        done = compose(home, "restart", SERVICES[args.service], timeout_s=300)
+        sys.stderr.write(done.stdout + done.stderr)
+        return done.returncode
+    if args.command == "pids":
+        print(json.dumps(main_pids(home)))
+        return 0
     runtime = json.loads((args.runtime_json or home / RUNTIME_JSON).read_text())
     print(json.dumps({"changed": False, **status(home, runtime["bind_address"], runtime["ports"])}))
     return 0

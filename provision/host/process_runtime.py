@@ -11,6 +11,8 @@ Ansible reads, so a second deploy with nothing changed reports no change.
     python -m provision.host.process_runtime --config HOME/runtime.json stop triton|api|jupyter|all
         (all: also ends any process left that names HOME, and the servers' shared memory)
     python -m provision.host.process_runtime --config HOME/runtime.json status
+    python -m provision.host.process_runtime --config HOME/runtime.json pids
+        ({"triton": pid, "api": pid}: the main processes, as provision.host.container_runtime's pids)
 
 runtime.json (rendered by the role) names the paths and ports:
     {"home": ..., "serving_python": ..., "triton_wheel": ..., "bind_address": "127.0.0.1",
@@ -318,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name)
         sub.add_argument("service", choices=SERVICES + (("all",) if name == "stop" else ()))
     commands.add_parser("status", help="pids, health and model states")
+    commands.add_parser("pids", help="the pids of tritonserver and the API server (JSON)")
     args = parser.parse_args(argv)
     config = RuntimeConfig.load(args.config)
 
@@ -350,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             result = stop_all(config)
         elif args.command == "stop":
             result = {"changed": stop(args.service, config), "stopped": [args.service]}
+        elif args.command == "pids":
+            result = {"triton": triton(config).pid(), "api": ApiService(config).process.pid()}
         else:
             result = {"changed": False, **status(config)}
     except TritonError as error:

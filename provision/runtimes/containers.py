@@ -172,17 +172,28 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
     GPUs: an engine without the NVIDIA runtime refuses the device request, and
     one that may not raise the hard memlock limit refuses the container.
     """
-    docker = _docker(settings)
     ports = settings["ports"]
-    project = docker["project"]
 
     def published(*names: str) -> list[str]:
         # bind_address 127.0.0.1 by default: bare-metal sites have no security
         # groups, a port published on every address is open to the internet.
         return [f"{bind_address}:{ports[name]}:{ports[name]}" for name in names]
 
+    triton = _triton_service(_docker(settings), ports, image_tags["triton"], published, gpu_count)
+    api = _api_service(ports, image_tags["api"], published)
+    # The project's name comes from COMPOSE_PROJECT_NAME in .env (the role writes it):
+    # every Compose release reads that, older ones reject a top-level `name:`.
+    return {
+        "services": {"triton": triton, "api": api, CLIENTS_SERVICE: _clients_service(image_tags["api"], api["user"])},
+        "networks": {"lab": {"name": _docker(settings)["project"], "driver": "bridge"}},
+        "secrets": {TOKEN_SECRET: {"file": f"./{TOKEN_FILE}"}},
+    }
+
+
+def _triton_service(docker: dict, ports: dict, image: str, published, gpu_count: int) -> dict:
+    """Triton's service: the model repository and weights mounted, every GPU where there are GPUs."""
     triton = {
-        "image": image_tags["triton"],
+        "image": image,
         "command": [
             "tritonserver",
             f"--model-repository={MODELS_IN_CONTAINER}",
@@ -214,8 +225,13 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
         triton["deploy"] = {
             "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
         }
-    api = {
-        "image": image_tags["api"],
+    return triton
+
+
+def _api_service(ports: dict, image: str, published) -> dict:
+    """The API and Jupyter's service: Triton by its name on the project's network, the bench folder mounted."""
+    return {
+        "image": image,
         # The login user's uid/gid (.env, written by the role): bench results and the
         # token file stay the user's.
         "user": "${LAB_UID:?}:${LAB_GID:?}",
@@ -235,24 +251,20 @@ def compose_definition(settings: dict, image_tags: dict[str, str], bind_address:
         "networks": ["lab"],
         "restart": "unless-stopped",
     }
-    # fab bench --cluster's perf_analyzer clients: the API image (its perf_analyzer) on the host's
-    # network, since the balancer listens on the host's loopback, which the API container's is not.
-    clients = {
-        "image": image_tags["api"],
+
+
+def _clients_service(image: str, user: str) -> dict:
+    """fab bench --cluster's perf_analyzer clients: the API image (its perf_analyzer) on the host's
+    network, since the balancer listens on the host's loopback, which the API container's is not."""
+    return {
+        "image": image,
         "profiles": [CLIENTS_SERVICE],
         # The command `docker compose run` is given, as it is (the image's entrypoint starts the API).
         "entrypoint": ["env"],
-        "user": api["user"],
+        "user": user,
         "environment": {"PYTHONPATH": LIB_IN_CONTAINER, "HOME": "/tmp"},  # provision.host.side_by_side
         "volumes": [f"./bench:{BENCH_IN_CONTAINER}", f"./{LIB_DIR}:{LIB_IN_CONTAINER}:ro"],
         "network_mode": "host",
-    }
-    # The project's name comes from COMPOSE_PROJECT_NAME in .env (the role writes it):
-    # every Compose release reads that, older ones reject a top-level `name:`.
-    return {
-        "services": {"triton": triton, "api": api, CLIENTS_SERVICE: clients},
-        "networks": {"lab": {"name": project, "driver": "bridge"}},
-        "secrets": {TOKEN_SECRET: {"file": f"./{TOKEN_FILE}"}},
     }
 
 

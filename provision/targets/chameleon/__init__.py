@@ -162,25 +162,8 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     cloud = _cloud(cfg, say=say)  # first: missing credentials are the most likely problem, and name what to set
     public_key, private_key = _keys(cfg)
     recorded = state.chameleon if state is not None and state.target == "chameleon" else {}
-    held_lease = recorded.get("lease", {})
     asked_lease = options.get("lease") or ""
-    if asked_lease and held_lease.get("id") and asked_lease not in (held_lease["id"], held_lease.get("name")):
-        raise UsageError(
-            f"already provisioned on lease {held_lease.get('name')} ({held_lease['id']}): run `fab teardown` "
-            f"first to work on lease {asked_lease}, or drop --lease to continue"
-        )
-    if held_lease.get("id") and held_lease.get("ours", True):  # a lease we made: what it was made for
-        asked = {**cfg, "nodes": nodes, "resource_properties": properties}
-        labels = (("site", "site"), ("node_type", "node type"), ("node_count", "node count"), ("nodes", "nodes"),
-                  ("resource_properties", "resource properties"))  # fmt: skip
-        for key, label in labels:
-            if key in ("nodes", "resource_properties") and not asked[key]:
-                continue  # not given again: the recorded ones
-            if recorded.get(key) is not None and recorded[key] != asked[key]:
-                raise UsageError(
-                    f"already provisioned with {label} {recorded[key]} (asked: {asked[key]}): "
-                    "run `fab teardown` first to change it, or drop the flag to continue"
-                )
+    _check_asked_as_recorded(recorded, {**cfg, "nodes": nodes, "resource_properties": properties}, asked_lease)
     if state is None or state.target != "chameleon":
         state = State(target="chameleon", runtime=runtime, serving_venv=options.get("serving_venv") or None)
     info = state.chameleon
@@ -225,19 +208,7 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     except ChameleonError as error:
         raise resume_hint(error) from None
 
-    state.hosts = [
-        Host(
-            name=server["name"],
-            address=server["floating_ip"],
-            port=info["ssh_port"],
-            user=cfg["ssh_user"],
-            key=private_key,
-            connection="ssh",
-            python=options.get("python") or None,
-            private_address=server.get("fixed_ip"),  # the shared network the nodes have in common
-        )
-        for server in info["servers"]
-    ]
+    state.hosts = _hosts(info, cfg["ssh_user"], private_key, options.get("python") or None)
     if created:
         state.record(f"provisioned on {info['site']}: {', '.join(created)}")
         _say_step(say, f"{len(state.hosts)} node(s) ready: " + ", ".join(f"{h.user}@{h.address}" for h in state.hosts))
@@ -245,6 +216,46 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
         _say_step(say, "already provisioned: nothing new was created")
     save(state)
     return state
+
+
+def _check_asked_as_recorded(recorded: dict, asked: dict, asked_lease: str) -> None:
+    """UsageError where a provision continued asks for another lease, or for a lease we made, other
+    site, node type, count, nodes or properties than it was made with."""
+    held_lease = recorded.get("lease", {})
+    if asked_lease and held_lease.get("id") and asked_lease not in (held_lease["id"], held_lease.get("name")):
+        raise UsageError(
+            f"already provisioned on lease {held_lease.get('name')} ({held_lease['id']}): run `fab teardown` "
+            f"first to work on lease {asked_lease}, or drop --lease to continue"
+        )
+    if not (held_lease.get("id") and held_lease.get("ours", True)):
+        return  # a lease the user brought is taken as it is
+    labels = (("site", "site"), ("node_type", "node type"), ("node_count", "node count"), ("nodes", "nodes"),
+              ("resource_properties", "resource properties"))  # fmt: skip
+    for key, label in labels:
+        if key in ("nodes", "resource_properties") and not asked[key]:
+            continue  # not given again: the recorded ones
+        if recorded.get(key) is not None and recorded[key] != asked[key]:
+            raise UsageError(
+                f"already provisioned with {label} {recorded[key]} (asked: {asked[key]}): "
+                "run `fab teardown` first to change it, or drop the flag to continue"
+            )
+
+
+def _hosts(info: dict, user: str, private_key: str, python: str | None) -> list[Host]:
+    """The launched servers as hosts, reached over SSH at their floating IPs."""
+    return [
+        Host(
+            name=server["name"],
+            address=server["floating_ip"],
+            port=info["ssh_port"],
+            user=user,
+            key=private_key,
+            connection="ssh",
+            python=python,
+            private_address=server.get("fixed_ip"),  # the shared network the nodes have in common
+        )
+        for server in info["servers"]
+    ]
 
 
 def booked_ahead(state: State) -> dict:
@@ -355,62 +366,83 @@ def _provision_lease(
     info = state.chameleon
     lease = info["lease"]
     if lease.get("id"):
-        current = cloud.lease(lease["id"])
-        if current is None or current["status"] in LEASE_ENDING:
-            if not lease.get("ours", True):
-                raise LeaseNotUsable(
-                    f"your lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to "
-                    "clear it here, then provision on another (--lease) or on a new one"
-                )
-            raise ChameleonError(
-                f"lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to clear it, "
-                "then `fab provision --target chameleon` for a new one"
-            )
-
+        current = _recorded_lease(cloud, lease)
     else:
         current = cloud.find_lease(lease["name"])  # created by a run that stopped before saving its id
         if current is not None:
             _say_step(say, f"found lease {current['name']} from an earlier run ({current['status']})")
         else:
-            count, node_type = info["node_count"], info["node_type"]
-            what = f"node(s) {', '.join(info['nodes'])}" if info.get("nodes") else f"{count} x {node_type}"
-            if info.get("resource_properties"):
-                what += " with " + ", ".join(f"{k}={v}" for k, v in info["resource_properties"].items())
-            _say_step(
-                say, f"reserving {what} at {info['site']} for {cfg['lease_hours']:g} h (lease {lease['name']})"
-            )
-            # Until Blazar says otherwise a lease of this name may exist (a create
-            # whose answer was lost): the state keeps the name, teardown looks it up.
-            lease["create_sent"] = True
-            save(state)
-            try:
-                current = cloud.create_lease(
-                    lease["name"],
-                    node_type,
-                    count,
-                    cfg["lease_hours"],
-                    start=datetime.fromisoformat(lease["start"]) if lease.get("start") else None,
-                    reserve_floating_ip=info["floating_ip"] == "reserved",
-                    node_names=info.get("nodes") or (),
-                    properties=info.get("resource_properties") or {},
-                )
-            except NoHostsError:
-                lease.pop("create_sent", None)  # Blazar refused: nothing was made
-                save(state)
-                raise
-            except ChameleonError as error:
-                current = cloud.find_lease(lease["name"])  # not repeated blindly: was it made?
-                if current is None:  # Blazar has no such lease: nothing to clean up
-                    lease.pop("create_sent", None)
-                    save(state)
-                    raise
-                _say_step(
-                    say, f"the lease create failed ({error}), but lease {lease['name']} exists: continuing with it"
-                )
-            lease.pop("create_sent", None)
+            current = _create_lease(cloud, cfg, state, save, say)
             created.append(f"lease {current['name']}")
         lease.update(current)
         save(state)
+    return _wait_for_the_lease(cloud, cfg, state, save, say, current, wait)
+
+
+def _recorded_lease(cloud: ChameleonCloud, lease: dict) -> dict:
+    """The recorded lease as Blazar has it now; an error where it has ended or is gone."""
+    current = cloud.lease(lease["id"])
+    if current is None or current["status"] in LEASE_ENDING:
+        if not lease.get("ours", True):
+            raise LeaseNotUsable(
+                f"your lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to "
+                "clear it here, then provision on another (--lease) or on a new one"
+            )
+        raise ChameleonError(
+            f"lease {lease['name']} ({lease['id']}) has ended or was deleted: run `fab teardown` to clear it, "
+            "then `fab provision --target chameleon` for a new one"
+        )
+    return current
+
+
+def _create_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say) -> dict:
+    """Ask Blazar for the lease; where the answer is lost but the lease exists, continue with it."""
+    info = state.chameleon
+    lease = info["lease"]
+    count, node_type = info["node_count"], info["node_type"]
+    what = f"node(s) {', '.join(info['nodes'])}" if info.get("nodes") else f"{count} x {node_type}"
+    if info.get("resource_properties"):
+        what += " with " + ", ".join(f"{k}={v}" for k, v in info["resource_properties"].items())
+    _say_step(
+        say, f"reserving {what} at {info['site']} for {cfg['lease_hours']:g} h (lease {lease['name']})"
+    )
+    # Until Blazar says otherwise a lease of this name may exist (a create
+    # whose answer was lost): the state keeps the name, teardown looks it up.
+    lease["create_sent"] = True
+    save(state)
+    try:
+        current = cloud.create_lease(
+            lease["name"],
+            node_type,
+            count,
+            cfg["lease_hours"],
+            start=datetime.fromisoformat(lease["start"]) if lease.get("start") else None,
+            reserve_floating_ip=info["floating_ip"] == "reserved",
+            node_names=info.get("nodes") or (),
+            properties=info.get("resource_properties") or {},
+        )
+    except NoHostsError:
+        lease.pop("create_sent", None)  # Blazar refused: nothing was made
+        save(state)
+        raise
+    except ChameleonError as error:
+        current = cloud.find_lease(lease["name"])  # not repeated blindly: was it made?
+        if current is None:  # Blazar has no such lease: nothing to clean up
+            lease.pop("create_sent", None)
+            save(state)
+            raise
+        _say_step(
+            say, f"the lease create failed ({error}), but lease {lease['name']} exists: continuing with it"
+        )
+    lease.pop("create_sent", None)
+    return current
+
+
+def _wait_for_the_lease(
+    cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say, current: dict, wait: bool
+) -> bool:
+    """True once the lease is ACTIVE; False for one booked ahead, unless `wait` (then wait for its start)."""
+    lease = state.chameleon["lease"]
     timeout_s = float(cfg["timeouts"]["lease_active_s"])
     to_start = (datetime.fromisoformat(current["start"]) - datetime.now(timezone.utc)).total_seconds()
     if current["status"] == "PENDING" and to_start > 0:  # booked ahead
@@ -563,8 +595,40 @@ def release(state: State, settings: dict, save: Save, say: Say, options: dict | 
         return
     cfg = config(settings)
     cloud = _cloud(cfg, info.get("site"), say)
-    left: list[str] = []
+    left = _release_servers(cloud, cfg, state, save, say)
+    left += _release_floating_ips(cloud, cfg, state, save, say)
+    lease = info.get("lease") or {}
+    kept_lease = bool(lease) and not lease.get("ours", True) and not (options or {}).get("release_lease")
+    if kept_lease:
+        if not left:  # its servers are gone: the lease is the user's again
+            info.pop("lease", None)
+            state.record(f"left lease {lease['name']}: not ours")
+            save(state)
+            _say_step(
+                say,
+                f"left your lease {lease['name']} ({lease['id']}) as it is: it ends {lease.get('end')}; "
+                "`fab teardown --release-lease` deletes it with the rest, or delete it in the dashboard",
+            )
+    elif lease:
+        left += _release_lease(cloud, cfg, state, save, say)
 
+    if left:
+        raise ChameleonError(
+            f"could not release everything on {info.get('site')}; still there:\n  - "
+            + "\n  - ".join(left)
+            + "\nthe state keeps them: run `fab teardown` again to retry (it continues where it stopped), or delete them "
+            "in the web UI (Compute > Instances, Network > Floating IPs, Reservations > Leases)"
+        )
+    state.hosts = []
+    if kept_lease:
+        _say_step(say, f"released what provision made on {info.get('site')} (verified with the cloud); your lease stays")
+    else:
+        _say_step(say, f"released everything on {info.get('site')} (verified with the cloud)")
+
+
+def _release_servers(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say) -> list[str]:
+    """Delete each server and verify it gone; what could not be released, with why."""
+    info, left = state.chameleon, []
     for entry in list(info.get("servers", [])):
         try:
             server_id = entry.get("id") or (cloud.find_server(entry["name"]) or {}).get("id")
@@ -578,9 +642,13 @@ def release(state: State, settings: dict, save: Save, say: Say, options: dict | 
             save(state)
         except ChameleonError as error:
             left.append(f"server {entry['name']} ({entry.get('id') or 'id unknown'}): {error}")
+    return left
 
-    # Ad-hoc floating IPs; also ones whose id a stopped run never saved (found by their description).
-    orphans = []
+
+def _release_floating_ips(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say) -> list[str]:
+    """Release the ad-hoc floating IPs, also ones whose id a stopped run never saved (found by their
+    description), and verify each gone; what could not be released, with why."""
+    info, left, orphans = state.chameleon, [], []
     if info.get("floating_ip") == "adhoc":
         known = {f["address"] for f in info.get("floating_ips", [])}
         names = {f"{info['name']}-node{i + 1}" for i in range(int(info.get("node_count") or 1))}
@@ -602,51 +670,31 @@ def release(state: State, settings: dict, save: Save, say: Say, options: dict | 
             save(state)
         except ChameleonError as error:
             left.append(f"floating IP {fip['address']}: {error}")
+    return left
 
-    lease = info.get("lease") or {}
-    kept_lease = bool(lease) and not lease.get("ours", True) and not (options or {}).get("release_lease")
-    if kept_lease:
-        if not left:  # its servers are gone: the lease is the user's again
-            info.pop("lease", None)
-            state.record(f"left lease {lease['name']}: not ours")
-            save(state)
-            _say_step(
-                say,
-                f"left your lease {lease['name']} ({lease['id']}) as it is: it ends {lease.get('end')}; "
-                "`fab teardown --release-lease` deletes it with the rest, or delete it in the dashboard",
-            )
-        lease = {}
-    if lease:
-        try:
-            lease_id = lease.get("id") or (cloud.find_lease(lease["name"]) or {}).get("id")
-            if lease_id:
-                _say_step(say, f"deleting lease {lease['name']} (its node and reserved floating IPs go with it)")
-                cloud.delete_lease(lease_id)
-                _wait_gone(f"lease {lease['name']}", lambda: cloud.lease_exists(lease_id), cfg)
-                if lease.get("fip_reservation_id"):
-                    _wait_gone(
-                        f"the floating IPs reserved by lease {lease['name']}",
-                        lambda: bool(cloud.reserved_floating_ips(lease["fip_reservation_id"])),
-                        cfg,
-                    )
-            info.pop("lease", None)
-            state.record(f"lease {lease['name']} deleted and verified gone")
-            save(state)
-        except ChameleonError as error:
-            left.append(f"lease {lease['name']} ({lease.get('id') or 'id unknown'}): {error}")
 
-    if left:
-        raise ChameleonError(
-            f"could not release everything on {info.get('site')}; still there:\n  - "
-            + "\n  - ".join(left)
-            + "\nthe state keeps them: run `fab teardown` again to retry (it continues where it stopped), or delete them "
-            "in the web UI (Compute > Instances, Network > Floating IPs, Reservations > Leases)"
-        )
-    state.hosts = []
-    if kept_lease:
-        _say_step(say, f"released what provision made on {info.get('site')} (verified with the cloud); your lease stays")
-    else:
-        _say_step(say, f"released everything on {info.get('site')} (verified with the cloud)")
+def _release_lease(cloud: ChameleonCloud, cfg: dict, state: State, save: Save, say: Say) -> list[str]:
+    """Delete the lease (its nodes and reserved floating IPs go with it) and verify it gone; [] or why not."""
+    info = state.chameleon
+    lease = info["lease"]
+    try:
+        lease_id = lease.get("id") or (cloud.find_lease(lease["name"]) or {}).get("id")
+        if lease_id:
+            _say_step(say, f"deleting lease {lease['name']} (its node and reserved floating IPs go with it)")
+            cloud.delete_lease(lease_id)
+            _wait_gone(f"lease {lease['name']}", lambda: cloud.lease_exists(lease_id), cfg)
+            if lease.get("fip_reservation_id"):
+                _wait_gone(
+                    f"the floating IPs reserved by lease {lease['name']}",
+                    lambda: bool(cloud.reserved_floating_ips(lease["fip_reservation_id"])),
+                    cfg,
+                )
+        info.pop("lease", None)
+        state.record(f"lease {lease['name']} deleted and verified gone")
+        save(state)
+    except ChameleonError as error:
+        return [f"lease {lease['name']} ({lease.get('id') or 'id unknown'}): {error}"]
+    return []
 
 
 # -- status and extend -------------------------------------------------------------

@@ -1,15 +1,15 @@
-"""A Docker engine of the tests' own, and local stand-ins for the two base images.
+"""A Docker engine of the project's own on this machine, and local stand-ins for the two base images.
 
-No registry can be reached from here or from CI, and another engine may run
-on the machine, so the docker-runtime tests bring their own:
+For the docker runtime on a machine that reaches no container registry (this
+one, CI) and may run another engine: the tests and the benchmarks use it.
 
-    python tests/docker_engine.py install   # Debian's docker.io and debootstrap; Compose v2 and buildx
-    python tests/docker_engine.py start     # dockerd with its own data root, exec root, socket and pidfile
-    python tests/docker_engine.py bases     # the stand-in base images (below)
-    python tests/docker_engine.py stop
+    python -m provision.docker_engine install   # Debian's docker.io and debootstrap; Compose v2 and buildx
+    python -m provision.docker_engine start     # dockerd with its own data root, exec root, socket and pidfile
+    python -m provision.docker_engine bases     # the stand-in base images (below)
+    python -m provision.docker_engine stop
 
-`make docker-bases` runs all three first steps. The tests select the engine and
-the stand-ins by configuration only (FABRIC_LAB_DOCKER_ENGINE_HOST,
+`make docker-bases` runs all three first steps. A deployment selects the engine
+and the stand-ins by configuration only (FABRIC_LAB_DOCKER_ENGINE_HOST,
 FABRIC_LAB_DOCKER_TRITON_IMAGE, FABRIC_LAB_DOCKER_PYTHON_IMAGE: see `settings()`).
 
 The stand-ins:
@@ -29,16 +29,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(PROJECT_ROOT))
-
-from provision.host.tritonserver import TritonRuntime  # noqa: E402
+from provision.config import PROJECT_ROOT
+from provision.host.tritonserver import TritonRuntime
 
 ENGINE_ROOT = PROJECT_ROOT / ".runtime" / "docker"
 SOCKET = ENGINE_ROOT / "docker.sock"
