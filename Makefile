@@ -44,7 +44,7 @@ test-docker: setup system-deps docker-bases
 # (.runtime/docker: its own data root, socket and pidfile) and local stand-ins
 # for the two base images, since no registry can be reached (provision/docker_engine.py);
 # and the cluster tests' node image (sshd, HAProxy, firewalld) and the nvidia-pytriton wheel they install from
-# (tests/cluster_nodes.py).
+# (tests/support/cluster_nodes.py).
 docker-bases: setup
 	$(BIN)/python -m provision.docker_engine install
 	$(BIN)/python -m provision.docker_engine start
@@ -67,7 +67,7 @@ system-deps:
 	fi
 
 # tests/test_preprocessing.py's trained MobileNetV2: nsfwjs's, from the npm registry
-# (tests/trained_mobilenet.py), read with node; Debian's nodejs and npm if they are missing.
+# (tests/support/trained_mobilenet.py), read with node; Debian's nodejs and npm if they are missing.
 trained-model: $(RUNTIME)/nsfwjs/package/dist/models/mobilenet_v2/model.min.js
 $(RUNTIME)/nsfwjs/package/dist/models/mobilenet_v2/model.min.js: | $(VENV)/.installed
 	@command -v node >/dev/null && command -v npm >/dev/null || { \
@@ -76,7 +76,7 @@ $(RUNTIME)/nsfwjs/package/dist/models/mobilenet_v2/model.min.js: | $(VENV)/.inst
 	  else \
 	    echo "the trained-network tests need: sudo apt-get install nodejs npm" >&2; exit 1; \
 	  fi; }
-	$(BIN)/python tests/trained_mobilenet.py
+	$(BIN)/python tests/support/trained_mobilenet.py
 
 setup: venv runtime weights
 

@@ -8,18 +8,18 @@ installed in .runtime/triton.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from fab_runner import Lab
-from sshd import start_sshd
+from support.lab import new_lab
+from support.repository import rendered_repository
+from support.sshd import start_sshd
 
 from provision import config, smoke_weights
 from provision.host.background import free_ports
 from provision.host.tritonserver import TritonProcess, TritonRuntime
-from provision.model_repo import RenderValues, model_names, render
+from provision.model_repo import RenderValues, model_names
 
 # Parallel workers (pytest-xdist: gw0, gw1, ...) draw free ports from disjoint
 # ranges below the kernel's ephemeral ones (32768 and up), so no worker and no
@@ -77,16 +77,6 @@ def triton_runtime() -> TritonRuntime:
     return runtime
 
 
-def rendered_repository(folder: Path, render_values: RenderValues, models: set[str] | None = None) -> Path:
-    """folder/models: the repository rendered as the tests' server has it, only `models` kept (None: all)."""
-    repository = folder / "models"
-    render(repository, render_values)
-    for model in repository.iterdir():
-        if models is not None and model.name not in models:
-            shutil.rmtree(model)
-    return repository
-
-
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory, render_values, triton_runtime):
     """A running tritonserver serving the whole rendered repository."""
@@ -98,16 +88,6 @@ def triton_server(tmp_path_factory, render_values, triton_runtime):
 
 
 # ---- the pipeline: isolated users of `fab`, and an SSH host
-
-PORT_NAMES = (
-    "triton_http", "triton_grpc", "triton_metrics", "api", "jupyter", "balancer_http", "balancer_grpc", "balancer_stats",
-)  # fmt: skip
-
-
-def new_lab(tmp_path) -> Lab:
-    """A user of the project with a private state file, deploy folders, results and free ports."""
-    return Lab(tmp_path, ports=dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)))))
-
 
 @pytest.fixture
 def lab(tmp_path):

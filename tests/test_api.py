@@ -25,11 +25,11 @@ import httpx
 import pytest
 import schemathesis
 import tritonclient.http as triton_http
-from conftest import rendered_repository
 from food11 import FOOD11_LABELS
-from helpers import classify
 from hypothesis import HealthCheck, given, settings
 from PIL import Image
+from support.repository import rendered_repository
+from support.serving import classify
 
 from provision import config, sample_images
 from provision.host.background import free_ports

@@ -10,12 +10,11 @@ import sys
 import time
 from datetime import timedelta
 
-import fake_openstack
 import pytest
-from fake_openstack import FakeOpenStack
-from sshd import start_sshd
-from test_chameleon import NODE_ADDRESSES, PUBLIC_KEY, SSHBanner
-from test_pipeline import printed_lines
+from support import fake_openstack
+from support.fake_openstack import NODE_ADDRESSES, PUBLIC_KEY, FakeOpenStack, SSHBanner
+from support.observing import printed_lines
+from support.sshd import start_sshd
 
 from provision.host.background import free_ports
 

@@ -1,5 +1,5 @@
 """Several hosts at once, for real: two nodes (sshd in containers on a Docker bridge network,
-tests/cluster_nodes.py), the ssh target, the process runtime. Each node runs firewalld allowing
+tests/support/cluster_nodes.py), the ssh target, the process runtime. Each node runs firewalld allowing
 ssh only, as Chameleon's images do: the deploy opens what a cluster needs, teardown closes it.
 
 Side by side: provision two hosts -> one host's deploy fails: the error names it, the other
@@ -26,11 +26,11 @@ import sys
 import urllib.request
 from pathlib import Path
 
-import cluster_nodes
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
-from helpers import APIS, classify, status_once
+from support import cluster_nodes
+from support.serving import APIS, classify, status_once
 
 from provision import sample_images
 

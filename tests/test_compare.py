@@ -18,8 +18,9 @@ import urllib.request
 
 import pytest
 import tritonclient.http as triton_http
-from conftest import new_lab, rendered_repository
-from helpers import bench_run, classify
+from support.lab import new_lab
+from support.repository import rendered_repository
+from support.serving import bench_run, classify
 
 from provision import sample_images
 from provision.host.tritonserver import TritonProcess, perf_analyzer_env

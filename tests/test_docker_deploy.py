@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
-from helpers import APIS, classify, inference_count, post_image, status_once
-from test_pipeline import changed_tasks, http_status, only_model_touched, served_instance_counts
+from support.observing import changed_tasks, http_status, only_model_touched, served_instance_counts
+from support.serving import APIS, classify, inference_count, post_image, status_once
 
 from provision import docker_engine, sample_images
 from provision.host.background import port_is_free

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_pipeline import changed_tasks
+from support.observing import changed_tasks
 
 RECORDED = Path(__file__).parent / "data" / "nvidia_smi"
 APT_LISTS = (Path("/etc/apt/sources.list.d/docker.list"), Path("/etc/apt/sources.list.d/nvidia-container-toolkit.list"))

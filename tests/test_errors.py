@@ -8,7 +8,7 @@ import importlib
 import subprocess
 
 import pytest
-from conftest import new_lab
+from support.lab import new_lab
 
 from provision import inventory
 from provision import state as state_module

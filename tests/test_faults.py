@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fab_runner import our_processes
+from support.lab import our_processes
 
 from provision.host.background import port_is_free
 from provision.host.layout import run_dir

@@ -5,7 +5,7 @@ The role that applies these openings runs against a real firewalld in tests/test
 
 from __future__ import annotations
 
-from test_cluster_plan import PORTS, hosts_state
+from support.states import PORTS, hosts_state
 
 from provision import cluster, firewall
 

@@ -7,8 +7,7 @@ import re
 import subprocess
 
 import pytest
-from conftest import new_lab
-from fab_runner import FAB
+from support.lab import FAB, new_lab
 
 from provision.config import PROJECT_ROOT
 

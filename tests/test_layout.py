@@ -260,3 +260,15 @@ def test_the_benchmarks_go_through_the_two_axes_and_not_through_the_tests():
                 found.append(f"{path.relative_to(ROOT)}:{number}: reaches into tests/: {line.strip()}")
     assert found == []
 
+
+def test_the_tests_share_code_through_their_support_package_only():
+    """tests/support/ holds what the tests share; conftest.py holds fixtures, and no test imports it or another test."""
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for name, _ in _imports(path, ast.parse(path.read_text()))
+        if name.split(".")[0] in ("conftest", "tests") or name.split(".")[0].startswith("test_")
+    ]
+    assert found == []
+    loose = [path.name for path in (ROOT / "tests").glob("*.py") if not path.name.startswith(("test_", "conftest"))]
+    assert loose == [], "shared test code goes in tests/support/"

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 import tritonclient.http as triton_http
-from helpers import classify
+from support.serving import classify
 
 from provision import sample_images
 from provision.host.tritonserver import TritonProcess

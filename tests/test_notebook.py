@@ -17,8 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 import tritonclient.http as triton_http
-from helpers import bench_run, classify
 from nbclient import NotebookClient
+from support.serving import bench_run, classify
 
 from provision import config, sample_images
 from provision.host.tritonserver import perf_analyzer_env

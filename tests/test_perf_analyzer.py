@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as triton_http
-from helpers import classify
+from support.serving import classify
 
 from provision import sample_images
 from provision.host.tritonserver import perf_analyzer_env

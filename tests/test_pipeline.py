@@ -10,22 +10,20 @@ from __future__ import annotations
 import base64
 import json
 import os
-import queue
 import random
 import re
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 
 import pytest
-from conftest import new_lab
-from fab_runner import Lab, our_processes
 from food11 import FOOD11_LABELS
-from helpers import post_image
+from support.lab import Lab, new_lab, our_processes
+from support.observing import changed_tasks, http_status, only_model_touched, printed_lines, served_instance_counts
+from support.serving import post_image
 
 from provision import sample_images
 from provision.config import PROJECT_ROOT
@@ -84,27 +82,12 @@ def assert_jupyter_needs_its_token(status: str) -> None:
 TUNNELLED = ("triton_http", "api", "jupyter")  # the ports fab tunnel forwards
 
 
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
 def free_offset(ports: list[int]) -> int:
     """An offset that moves `ports` to free ones (here the host is this machine: its ports are taken)."""
     for offset in random.sample(range(100, 4000), 100):
         if all(port + offset < 65536 and port_is_free(port + offset, "127.0.0.1") for port in ports):
             return offset
     raise AssertionError("no free ports for the tunnel")
-
-
-def printed_lines(process: subprocess.Popen) -> queue.Queue:
-    """The process's output lines as they come (None at its end), so a test can wait with a timeout."""
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put(None)], daemon=True).start()
-    return lines
 
 
 def check_the_tunnel(lab: Lab) -> None:
@@ -153,22 +136,6 @@ def check_ssh_errors_stop_the_tunnel(lab: Lab) -> None:
         known_hosts.write_text(genuine)
     assert refused.returncode != 0 and "ssh exited (255) before the tunnel was up" in refused.stderr
     assert "Host key verification failed" in refused.stderr
-
-
-def changed_tasks(output: str) -> list[str]:
-    return [line.split(None, 2)[-1] for line in output.splitlines() if line.strip().startswith("changed")]
-
-
-def only_model_touched(model: str, tasks: list[str]) -> bool:
-    """No task names a model other than `model` (tasks about models end with "(MODEL)")."""
-    others = [name for name in model_names() if name != model]
-    return not [task for task in tasks if task.endswith(tuple(f"({name})" for name in others))]
-
-
-def served_instance_counts(triton_url: str, model: str) -> list[int]:
-    """The instance counts of the model's config as the running server has loaded it."""
-    with urllib.request.urlopen(f"{triton_url}/v2/models/{model}/config", timeout=10) as response:
-        return [group["count"] for group in json.loads(response.read())["instance_group"]]
 
 
 def service_pids(lab: Lab) -> dict:

@@ -9,8 +9,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import new_lab
-from fab_runner import our_processes
+from support.lab import new_lab, our_processes
 
 from provision.host.background import free_ports, port_is_free
 

@@ -59,7 +59,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import trained_mobilenet
 from food11 import (
     CROP_TO,
     IMAGENET_MEAN,
@@ -72,6 +71,7 @@ from food11 import (
 )
 from PIL import Image
 from serving_common import InvalidImage, decode_image, threads_per_instance
+from support import trained_mobilenet
 
 from provision import sample_images, smoke_weights
 

@@ -16,8 +16,8 @@ import subprocess
 import time
 
 import pytest
-from fab_runner import FAB, our_processes
-from test_pipeline import printed_lines
+from support.lab import FAB, our_processes
+from support.observing import printed_lines
 
 from provision.config import PROJECT_ROOT
 from provision.host.background import port_is_free

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import new_lab
+from support.lab import new_lab
 
 GOOD_HOST = {"name": "local", "address": "127.0.0.1", "port": 22, "user": "", "key": None, "connection": "local"}
 GOOD = {

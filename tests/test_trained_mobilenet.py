@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import trained_mobilenet
 from PIL import Image
+from support import trained_mobilenet
 
 from provision import config, sample_images
 

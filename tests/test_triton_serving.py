@@ -14,10 +14,10 @@ import sys
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
-from conftest import rendered_repository
 from food11 import FOOD11_LABELS, Food11Classifier
-from helpers import classify, classify_error, counts_since, image_input, settled_counts
 from PIL import Image
+from support.repository import rendered_repository
+from support.serving import classify, classify_error, counts_since, image_input, settled_counts
 from tritonclient.utils import InferenceServerException
 
 from provision import config, sample_images

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as triton_http
-from conftest import new_lab
-from helpers import classify
-from test_pipeline import printed_lines
+from support.lab import new_lab
+from support.observing import printed_lines
+from support.serving import classify
 
 from provision import sample_images
 

@@ -163,7 +163,7 @@ def inference_count_in(node: Node, address: str, model: str) -> int:
     return int(asked.stdout.strip())
 
 
-if __name__ == "__main__":  # python tests/cluster_nodes.py: build the node image ahead of the tests
+if __name__ == "__main__":  # python tests/support/cluster_nodes.py: build the node image ahead of the tests
     docker_engine.start()
     build_node_image()
     print(triton_wheel())

@@ -16,7 +16,7 @@ graph in PyTorch: `load()` gives a torch module that takes NCHW [0, 1] images
 and returns the five probabilities (or, with output=FEATURES, the 1280 ImageNet
 features; `outputs` gives several layers' from one pass). tests/test_trained_mobilenet.py checks it against TF.js.
 
-    python tests/trained_mobilenet.py      # fetch the package (make test does)
+    python tests/support/trained_mobilenet.py      # fetch the package (make test does)
 """
 
 from __future__ import annotations
@@ -240,5 +240,5 @@ def load(cache: Path | None = None) -> KerasMobileNet:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project, for provision
     print(fetch())

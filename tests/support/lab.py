@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.config import PROJECT_ROOT
+from provision.host.background import free_ports
 
 FAB = str(Path(sys.executable).parent / "fab")
 
@@ -86,3 +87,13 @@ def our_processes(folder: Path) -> list[str]:
     """Processes whose command line mentions `folder` (our services run from there)."""
     done = subprocess.run(["pgrep", "-a", "-f", "--", f"{folder}/"], capture_output=True, text=True)
     return done.stdout.splitlines()
+
+
+PORT_NAMES = (
+    "triton_http", "triton_grpc", "triton_metrics", "api", "jupyter", "balancer_http", "balancer_grpc", "balancer_stats",
+)  # fmt: skip
+
+
+def new_lab(tmp_path) -> Lab:
+    """A user of the project with a private state file, deploy folders, results and free ports."""
+    return Lab(tmp_path, ports=dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)))))

@@ -44,6 +44,7 @@ import hashlib
 import itertools
 import json
 import re
+import socket
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -1107,3 +1108,40 @@ class FakeOpenStack:
                 raise HTTPError(404, {"message": f"No image found with ID {match.group(1)}"})
             return 200, image
         raise HTTPError(404, {"message": f"glance: no route for {method} {path}"})
+
+
+# ---- what the tests of the chameleon target share
+
+# A syntactically valid ed25519 public key (the fake computes Nova's fingerprint from it).
+PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGn8m6Qb0b8Z1i8v4T2m6s2bXr1m5xv7V1sQeF3n9YcR test@lab"
+NODE_ADDRESSES = [f"127.0.0.{i}" for i in range(10, 14)]  # the fake's first floating IPs
+
+
+class SSHBanner:
+    """Accepts TCP on the given loopback addresses (one port) and greets like sshd."""
+
+    def __init__(self, addresses: list[str]):
+        self.sockets = []
+        port = 0
+        for address in addresses:
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((address, port))
+            port = listener.getsockname()[1]
+            listener.listen(8)
+            self.sockets.append(listener)
+            threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
+        self.port = port
+
+    def _serve(self, listener):
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(b"SSH-2.0-OpenSSH_9.6 fake\r\n")
+
+    def close(self):
+        for listener in self.sockets:
+            listener.close()
