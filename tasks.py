@@ -135,29 +135,14 @@ PROVISION_HELP = {
 @_one_at_a_time
 def provision(
     c,
-    target="",
-    host=None,
-    user="",
-    port=22,
-    key="",
-    python="",
-    serving_venv="",
-    runtime="",
-    site="",
-    node_type="",
-    image="",
-    hours=0.0,
-    count=0,
-    key_name="",
-    public_key="",
-    floating_ip="",
-    lease="",
-    start="",
-    wait_for_start=False,
-    node=None,
-    resource_property=None,
+    target="", runtime="", serving_venv="",
+    # the ssh target's hosts and how to reach them (user, key and python: chameleon's too)
+    host=None, user="", port=22, key="", python="",
+    # the chameleon target's
+    site="", node_type="", image="", hours=0.0, count=0, key_name="", public_key="", floating_ip="",
+    lease="", start="", wait_for_start=False, node=None, resource_property=None,
     no_wait=False,
-):
+):  # fmt: skip
     """Reserve or record the hosts to serve on, and render inventory/hosts.yml.
 
     Chameleon reads your credentials from the environment (source the
@@ -258,17 +243,25 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
         "quick": "short measurements (a smoke run)",
         "model": "benchmark only this model (repeatable)",
         "cluster": "a deployed cluster: each node alone, then the cluster through its balancer; report's Cluster section",
+        "scenario": "closed_loop (the default: each client sends its next request once answered, at each "
+        "concurrency) or server (Poisson arrivals: the highest rate whose p99 stays within --p99-ms)",
+        "p99_ms": "with --scenario server: the p99 bound in milliseconds (rates searched: the profile's "
+        "request_rate_range)",
         **NO_WAIT_HELP,
     },
 )
 @_fails_cleanly()
 @_one_at_a_time
-def bench(c, quick=False, model=None, cluster=False, no_wait=False):
+def bench(c, quick=False, model=None, cluster=False, scenario="closed_loop", p99_ms=0.0, no_wait=False):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
     from provision.bench import bench as run_bench
+    from provision.bench import scenario_bound
 
     flags.models(model or [], model_names())
-    results = run_bench(_settings(c), _state(), models=model or None, quick=quick, say=print, cluster=cluster)
+    bound = scenario_bound(scenario, float(p99_ms))
+    results = run_bench(
+        _settings(c), _state(), models=model or None, quick=quick, say=print, cluster=cluster, server_p99_ms=bound
+    )
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
     return results

@@ -56,10 +56,30 @@ def load_runs(paths: list[Path]) -> list[dict]:
     if twice:
         raise CompareError(f"the same run given twice: {', '.join(twice)}")
     runs = [load_run(path) for path in paths]
+    check_one_scenario(runs)
     if not side_by_side(runs):
         models = "; ".join(f"{run['run_id']}: {', '.join(sorted(run['models']))}" for run in runs)
         raise CompareError(f"the runs have no model and concurrency in common ({models})")
     return runs
+
+
+def check_one_scenario(runs: list[dict]) -> None:
+    """CompareError unless every run measured the closed-loop scenario (fab bench --scenario): a throughput
+    at a concurrency and a rate sustained within a p99 bound are different figures, not one to set beside
+    the other."""
+    scenarios = {run["run_id"]: run.get("scenario") or "closed_loop" for run in runs}  # older runs: closed loop
+    if len(set(scenarios.values())) > 1:
+        which = ", ".join(f"{run_id}: {scenario}" for run_id, scenario in scenarios.items())
+        raise CompareError(
+            f"the runs measured different scenarios ({which}): closed-loop figures (throughput at each concurrency) "
+            "and the server scenario's (the Poisson rate sustained within a p99 bound) are not the same figure; "
+            "compare runs of one scenario"
+        )
+    if set(scenarios.values()) == {"server"}:
+        raise CompareError(
+            "fab compare sets closed-loop runs side by side, concurrency by concurrency; a server-scenario run has "
+            "one sustained rate per model: its report.md and summary.json's server part give it"
+        )
 
 
 # --------------------------------------------------------------------------- what differs

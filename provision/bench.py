@@ -19,7 +19,7 @@ from provision import cluster as clusters
 from provision import cluster_report, runtimes
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
-from provision.errors import OperationError
+from provision.errors import OperationError, UsageError
 from provision.lease_guard import minutes, next_model_fits
 from provision.measure import (
     Lease,
@@ -33,7 +33,7 @@ from provision.measure import (
     now,
     perf_runs,
 )
-from provision.perf import PerfRun, concurrency_levels, fresh_csv, unstable_reason
+from provision.perf import SCENARIOS, PerfRun, concurrency_levels, fresh_csv, rate_search_steps, unstable_reason
 from provision.report import write_report
 from provision.state import Host
 
@@ -49,30 +49,28 @@ def bench(
     quick: bool = False,
     say: Callable[[str], None] = print,
     cluster: bool = False,
+    server_p99_ms: float = 0,
 ) -> Path:
     """Run the benchmark; return the results folder.
 
     cluster: measure the deployed cluster: each node alone (one after the other), then the
     cluster through its balancer (provision.cluster_report), in the same run.
+    server_p99_ms: the server scenario: each model's highest Poisson arrival rate whose p99 stays
+    within this bound (provision/server_report.py), instead of closed-loop concurrency.
     """
-    if state.deploy.get("status") != "deployed":
-        raise BenchError(
-            "nothing is deployed: run `fab deploy` first"
-            + (" (the last deploy did not finish)" if state.deploy.get("status") else "")
-        )
-    balancer = _cluster_balancer(state) if cluster else None
+    balancer = _check_can_bench(state, cluster, server_p99_ms)
     input_encoding(settings)  # a wrong setting stops here, before anything is written
     models = list(models or settings["bench"]["models"])
     profile_name = "quick" if quick else "full"
     profile = dict(settings["bench"][profile_name])
     # Before anything is written: a bench that cannot finish does not start. A cluster's models
     # are measured twice: on each node alone, then through the balancer.
-    lease = lease_for(settings, state, len(models) * (2 if cluster else 1), profile, profile_name)
-    run = RunFolder.create(settings, state.target, [host.name for host in state.hosts])
+    lease = lease_for(settings, state, len(models) * (2 if cluster else 1), _as_levels(profile, server_p99_ms), profile_name)
+    run = RunFolder.create(settings, state.target, [host.name for host in state.hosts], "server" if server_p99_ms else "")
     measurement = Measurement(settings, state, run)
-    runs_of = measurement.perf_runs_of(models, profile)
+    runs_of = measurement.perf_runs_of(models, profile, server_p99_ms)
     runs = runs_of[state.hosts[0].name]  # what the report shows (the hosts' differ in the address only)
-    say(f"benchmarking {len(models)} model(s) at concurrency {profile['concurrency_range']} ({profile_name} profile)")
+    say(_what_is_measured(models, profile, profile_name, server_p99_ms))
     measured, failure = runs, None
     try:
         if balancer is not None:
@@ -101,6 +99,7 @@ def bench(
         smoke_weights=bool(state.deploy.get("smoke_weights")),
         git=git_commit(),
         partial=partial,
+        server_p99_ms=server_p99_ms,
     )
     if balancer is not None and failure is None:
         nodes, levels = _cluster_nodes(state), concurrency_levels(profile["concurrency_range"])
@@ -110,6 +109,46 @@ def bench(
         cluster_report.write(run, summary)
     _raise_if_stopped(run, failure, partial, measured_models, lease, quick)
     return run.path
+
+
+def _check_can_bench(state: state_module.State, cluster: bool, server_p99_ms: float) -> Host | None:
+    """BenchError where nothing is deployed or the flags do not go together; the cluster's balancer host."""
+    if state.deploy.get("status") != "deployed":
+        raise BenchError(
+            "nothing is deployed: run `fab deploy` first"
+            + (" (the last deploy did not finish)" if state.deploy.get("status") else "")
+        )
+    if cluster and server_p99_ms:
+        raise BenchError("--scenario server measures each host alone: drop --cluster (a cluster is measured closed-loop)")
+    return _cluster_balancer(state) if cluster else None
+
+
+def scenario_bound(scenario: str, p99_ms: float) -> float:
+    """The server scenario's p99 bound in ms, 0 for the closed loop; UsageError for a mismatched pair."""
+    if scenario not in SCENARIOS:
+        raise UsageError(f"--scenario {scenario}: choose one of {', '.join(SCENARIOS)}")
+    if scenario == "server" and not float(p99_ms or 0) > 0:
+        raise UsageError("--scenario server needs --p99-ms N: the p99 bound, in ms, that the rate must keep")
+    if scenario != "server" and float(p99_ms or 0):
+        raise UsageError("--p99-ms is the server scenario's bound: add --scenario server")
+    return float(p99_ms or 0)
+
+
+def _as_levels(profile: dict, server_p99_ms: float) -> dict:
+    """The profile as the lease guard counts it: the server scenario's search measures up to
+    rate_search_steps rates, each like a concurrency level."""
+    if not server_p99_ms:
+        return profile
+    return {**profile, "concurrency_range": f"1:{rate_search_steps(profile['request_rate_range'])}"}
+
+
+def _what_is_measured(models: list[str], profile: dict, profile_name: str, server_p99_ms: float) -> str:
+    if server_p99_ms:
+        return (
+            f"benchmarking {len(models)} model(s): the highest Poisson arrival rate of {profile['request_rate_range']} "
+            f"requests/s whose p99 stays within {server_p99_ms:g} ms ({profile_name} profile)"
+        )
+    return f"benchmarking {len(models)} model(s) at concurrency {profile['concurrency_range']} ({profile_name} profile)"
 
 
 def _partial(failure, models: list[str], measured_models: list[str], runs: list[PerfRun], measured: list[PerfRun]):

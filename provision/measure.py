@@ -125,8 +125,14 @@ def git_commit() -> dict:
 # --------------------------------------------------------------------------- perf_analyzer on the hosts
 
 
-def perf_runs(models: list[str], url: str, metrics_url: str | None = None, *, profile: dict) -> list[PerfRun]:
-    """One perf_analyzer run per model; paths are relative to the host's benchmark folder."""
+def perf_runs(
+    models: list[str], url: str, metrics_url: str | None = None, *, profile: dict, server_p99_ms: float = 0
+) -> list[PerfRun]:
+    """One perf_analyzer run per model; paths are relative to the host's benchmark folder.
+
+    server_p99_ms: the server scenario, searching profile["request_rate_range"] for the highest
+    Poisson arrival rate whose p99 stays within it (else closed-loop, over the concurrency range).
+    """
     return [
         PerfRun(
             model=model,
@@ -140,6 +146,8 @@ def perf_runs(models: list[str], url: str, metrics_url: str | None = None, *, pr
             max_trials=int(profile["max_trials"]),
             measurement_mode=profile.get("measurement_mode", "time_windows"),
             measurement_request_count=int(profile.get("measurement_request_count", 50)),
+            request_rate_range=str(profile["request_rate_range"]) if server_p99_ms else "",
+            latency_threshold_ms=float(server_p99_ms),
         )
         for model in models
     ]
@@ -194,10 +202,13 @@ class Measurement:
     def ports(self) -> dict:
         return self.state.deploy["ports"]
 
-    def perf_runs_of(self, models: list[str], profile: dict) -> dict[str, list[PerfRun]]:
-        """Each host's perf_analyzer runs, against its own Triton."""
+    def perf_runs_of(self, models: list[str], profile: dict, server_p99_ms: float = 0) -> dict[str, list[PerfRun]]:
+        """Each host's perf_analyzer runs, against its own Triton (server_p99_ms: the server scenario)."""
         return {
-            host: perf_runs(models, *runtimes.triton_endpoints(self.state.runtime, bind, self.ports), profile=profile)
+            host: perf_runs(
+                models, *runtimes.triton_endpoints(self.state.runtime, bind, self.ports), profile=profile,
+                server_p99_ms=server_p99_ms,
+            )  # fmt: skip
             for host, bind in self.bind_addresses.items()
         }
 

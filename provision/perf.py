@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from provision.config import client_script
 # CSV header -> our field name.
 _COLUMNS = {
     "Concurrency": "concurrency",
+    "Request Rate": "request_rate",  # the server scenario's rows: the offered rate, requests per second
     "Inferences/Second": "throughput",
     "p50 latency": "p50_us",
     "p90 latency": "p90_us",
@@ -58,6 +61,30 @@ GPU_COLUMNS = {
 }
 _INTEGER_GPU_FIELDS = ("memory_used_bytes", "memory_total_bytes")
 DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-interval
+
+
+# The scenarios a bench measures (fab bench --scenario): closed-loop concurrency (each client sends its
+# next request once the last is answered), or server (MLPerf Inference's: Poisson arrivals that do not
+# wait, and the highest rate whose p99 stays within a bound).
+SCENARIOS = ("closed_loop", "server")
+
+
+def rate_search_steps(request_rate_range: str) -> int:
+    """How many rates perf_analyzer's binary search measures at most over start:end:step: both ends,
+    then halving the interval until it is narrower than the step."""
+    start, end, step = (float(part) for part in (str(request_rate_range).split(":") + ["1"])[:3])
+    return 2 + max(0, math.ceil(math.log2(max((end - start) / max(step, 1e-9), 1.0))))
+
+
+def rates_tried(log_text: str) -> list[float]:
+    """The request rates perf_analyzer measured, in the order it tried them (its log says each)."""
+    return [float(found) for found in re.findall(r"^Request Rate: ([0-9.]+) inference requests per second", log_text, re.M)]
+
+
+def sustained(rows: list[dict], p99_ms: float) -> dict | None:
+    """The row of the highest offered rate whose p99 is within the bound; None where none is."""
+    within = [row for row in rows if "request_rate" in row and row["p99_us"] <= p99_ms * 1000]
+    return max(within, key=lambda row: row["request_rate"], default=None)
 
 
 def concurrency_levels(concurrency_range: str) -> list[int]:
@@ -107,6 +134,21 @@ class PerfRun:
     metrics_url: str | None = None
     metrics_interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     extra_args: list[str] = field(default_factory=list)
+    # The server scenario: Poisson arrivals, and perf_analyzer's own binary search (--binary-search)
+    # for the highest rate of request_rate_range whose p99 stays within latency_threshold_ms; its
+    # windows and stability are the profile's, as for concurrency. Empty: closed-loop concurrency.
+    request_rate_range: str = ""
+    latency_threshold_ms: float = 0
+
+    def load_args(self) -> list[str]:
+        """How perf_analyzer makes the load: closed-loop concurrency, or Poisson arrivals searched."""
+        if not self.request_rate_range:
+            return ["--concurrency-range", self.concurrency_range, "--percentile=95"]
+        return [
+            "--request-rate-range", self.request_rate_range, "--request-distribution", "poisson",
+            "--binary-search", "--latency-threshold", f"{self.latency_threshold_ms:g}",
+            "--percentile=99",  # the threshold, and the windows' stability, on p99
+        ]  # fmt: skip
 
     def command(self, perf_analyzer: str = "perf_analyzer") -> list[str]:
         return [
@@ -117,8 +159,7 @@ class PerfRun:
             self.url,
             "-i",
             "http",
-            "--concurrency-range",
-            self.concurrency_range,
+            *self.load_args(),
             "--input-data",
             str(self.input_json),
             "--measurement-mode",
@@ -132,7 +173,6 @@ class PerfRun:
             f"{self.stability_percentage:g}",
             "--max-trials",
             str(self.max_trials),
-            "--percentile=95",
             "-f",
             str(self.csv_path),
             *self.metrics_args(),
@@ -265,8 +305,8 @@ def parse_csv(path: Path) -> list[dict]:
             gpus = _gpus(raw)
             if gpus:
                 row["gpus"] = gpus
-            if "concurrency" in row and "throughput" in row:
+            if ("concurrency" in row or "request_rate" in row) and "throughput" in row:
                 rows.append(row)
     if not rows:
         raise ValueError(f"{path} has no perf_analyzer measurements")
-    return sorted(rows, key=lambda row: row["concurrency"])
+    return sorted(rows, key=lambda row: row.get("concurrency", row.get("request_rate")))

@@ -20,6 +20,7 @@ import json
 import shlex
 from pathlib import Path
 
+from provision import server_report
 from provision.measure import RunFolder
 from provision.model_repo import gpu_variants
 from provision.perf import concurrency_levels, parse_csv, unstable_reason
@@ -412,13 +413,20 @@ def _header(summary: dict, host_name: str) -> list[str]:
         f"{facts.get('cpu', {}).get('cores', '?')} cores; GPUs: {gpus})",
         f"- Triton {facts.get('triton', {}).get('version')}, torch {facts.get('torch', {}).get('version')}, "
         f"Python {facts.get('python')}",
-        f"- profile: {profile['name']} (concurrency {profile['concurrency_range']}, " + windows,
+        f"- profile: {profile['name']} ("
+        + (
+            f"server scenario: Poisson arrivals, rates {profile['request_rate_range']} searched for p99 <= "
+            f"{summary['server']['p99_ms']:g} ms, "
+            if summary.get("scenario") == "server"
+            else f"closed loop: concurrency {profile['concurrency_range']}, "
+        )
+        + windows,
         f"- input: {INPUT_ENCODING_WORDS.get(summary.get('input_encoding', 'base64'), summary.get('input_encoding'))}",
         f"- git commit: {summary['git']['commit']}{' (with uncommitted changes)' if summary['git']['dirty'] else ''}",
         _gpu_metrics_line(summary),
         "",
     ]
-    best = summary["best"]
+    best = summary.get("best")
     if best:
         lines += [
             f"**Best configuration**: `{label(best['model'], summary.get('ran_on_the_cpu', []))}` at concurrency "
@@ -491,11 +499,13 @@ def write_report(
     git: dict,
     input_encoding: str = "raw",
     partial: dict | None = None,
+    server_p99_ms: float = 0,
 ) -> dict:
     """Read hosts/*/ and write summary.json, report.md and the plots; return the summary.
 
     `partial` ({"reason", "not_measured"}) marks a bench that stopped before
     its last model: summary.json keeps it, report.md and PARTIAL.md say it.
+    server_p99_ms: the rows are the server scenario's (provision/server_report.py), searched for this bound.
     """
     hosts = {folder.name: _load_host(folder) for folder in sorted((results / "hosts").iterdir()) if folder.is_dir()}
     if not hosts:
@@ -508,11 +518,10 @@ def write_report(
         "smoke_weights": smoke_weights,
         "profile": profile,
         "input_encoding": input_encoding,  # how perf_analyzer sent the image: "raw" (the file's bytes) or "base64"
+        # which load made the figures: closed-loop concurrency, or the server scenario's Poisson arrivals
+        "scenario": "server" if server_p99_ms else "closed_loop",
         "host": first,
         "models": models,  # of the first host; every host's are under "hosts"
-        "best": _best(models),
-        "missing_levels": _missing_levels(models, profile, list(commands)),
-        "unstable": _unstable_reasons(results / "hosts" / first, list(commands)),
         "hosts": hosts,
         "commands": commands,
         "git": git,
@@ -524,13 +533,50 @@ def write_report(
     }
     title = " (SMOKE WEIGHTS)" if smoke_weights else ""
     stamp = f"run {run_id} · host {first} · {profile.get('name', '')} profile"
-    summary["plots"] = _plots(results, models, title, summary["ran_on_the_cpu"], stamp)
+    if server_p99_ms:
+        summary["server"] = server_report.summarize(results / "hosts" / first, models, server_p99_ms, profile["request_rate_range"])
+        summary["plots"] = _server_plots(results, summary, title, stamp)
+        text = _server_markdown(summary, first)
+    else:
+        summary["best"] = _best(models)
+        summary["missing_levels"] = _missing_levels(models, profile, list(commands))
+        summary["unstable"] = _unstable_reasons(results / "hosts" / first, list(commands))
+        summary["plots"] = _plots(results, models, title, summary["ran_on_the_cpu"], stamp)
+        text = _markdown(summary, first, results)
     run = RunFolder(results)
     run.write_summary(summary)
-    (results / "report.md").write_text(_markdown(summary, first, results))
+    (results / "report.md").write_text(text)
     if partial:
         run.mark_partial(_partial_line(partial))
     return summary
+
+
+def _server_plots(results: Path, summary: dict, title: str, stamp: str) -> list[str]:
+    """server_rates.png (and .svg): p99 against the offered rate, the bound drawn."""
+    import matplotlib.pyplot as plt
+
+    on_cpu = summary["ran_on_the_cpu"]
+    labels = {model: label(model, on_cpu) for model in summary["models"]}
+    figure = server_report.rate_figure(
+        summary["models"], summary["server"]["p99_ms"], f"p99 latency under Poisson arrivals{title}", labels
+    )
+    if figure is None:
+        return []
+    _save(figure, results / "server_rates.png", stamp)
+    plt.close(figure)
+    return ["server_rates.png"]
+
+
+def _server_markdown(summary: dict, host_name: str) -> str:
+    """report.md of a server-scenario run: the header, a section per model, the plot."""
+    lines = _header(summary, host_name)
+    on_cpu = summary["ran_on_the_cpu"]
+    for model, rows in summary["models"].items():
+        command = summary["commands"].get(model, "")
+        lines += server_report.section(model, rows, summary["server"], command, label(model, on_cpu))
+    if summary["plots"]:
+        lines += ["![p99 against the offered rate](server_rates.png)", ""]
+    return "\n".join(lines)
 
 
 def _unstable_line(summary: dict, model: str, host_name: str) -> str:

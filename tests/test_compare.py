@@ -121,6 +121,11 @@ def test_runs_that_cannot_be_compared_get_one_message_and_nothing_is_written(res
     summary = json.loads((no_common / "summary.json").read_text())
     summary["models"] = {"food_classifier": summary["models"][MODEL]}
     (no_common / "summary.json").write_text(json.dumps(summary))
+    server = tmp_path / "20260205-120000-local-server"  # fab bench --scenario server: one rate per model
+    shutil.copytree(results / RUN_B, server)
+    summary = json.loads((server / "summary.json").read_text())
+    summary.update(run_id=server.name, scenario="server")
+    (server / "summary.json").write_text(json.dumps(summary))
 
     cases = {
         "nope": "no such run folder",
@@ -128,6 +133,7 @@ def test_runs_that_cannot_be_compared_get_one_message_and_nothing_is_written(res
         str(other_project): "has no run_id, models, hosts, profile: not a summary written by `fab bench`",
         str(no_common): "the runs have no model and concurrency in common",
         str(results / RUN_A): "the same run given twice",
+        str(server): f"the runs measured different scenarios ({RUN_A}: closed_loop, {server.name}: server)",
     }
     for run, message in cases.items():
         done = lab.fab("compare", str(results / RUN_A), run, check=False)
