@@ -277,12 +277,16 @@ def bench(c, quick=False, model=None, cluster=False, scenario="closed_loop", p99
         "batch_sizes": "max_batch_size values to try, comma-separated (default "
         + "; quick ".join(",".join(map(str, VALUES[p]["max_batch_size"])) for p in ("full", "quick"))
         + ")",
+        "scenario": "closed_loop (the default: a candidate is worth its most throughput at a concurrency within the "
+        "budget) or server (its highest Poisson arrival rate within it: fab bench --scenario server)",
         **NO_WAIT_HELP,
     }
 )
 @_fails_cleanly()
 @_one_at_a_time
-def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_sizes="", no_wait=False):
+def tune(
+    c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_sizes="", scenario="closed_loop", no_wait=False
+):
     """Find the model's serving settings with the most throughput under a p99 budget, on the deployed host.
 
     Candidates are rendered from the model's template and loaded into the
@@ -291,6 +295,7 @@ def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_
     pareto.png) and report.md; `fab deploy --models-from .../tune/best.json`
     deploys the winner.
     """
+    from provision.bench import scenario_bound
     from provision.tune import tune as run_tune
 
     if not model:
@@ -302,12 +307,14 @@ def tune(c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_
     concurrency = flags.concurrency_range(concurrency) if concurrency else ""
     sizes = flags.positive_integers(batch_sizes, "--batch-sizes") if batch_sizes else None
     gpus = int(flags.positive_number(max_gpus, "--max-gpus", "GPUs")) if max_gpus not in (0, "0", "") else None
+    server = scenario_bound(scenario, budget if scenario == "server" else 0) > 0
     try:
         # SIGTERM too becomes KeyboardInterrupt: the tune puts the deployed configuration back either way.
         with interrupts.handled():
             results = run_tune(
                 _settings(c), _state(), model, budget, quick=quick, max_gpus=gpus,
                 concurrency=concurrency, batch_sizes=sizes, say=lambda line: print(line, flush=True),  # live, also piped
+                server=server,
             )  # fmt: skip
     except KeyboardInterrupt:
         raise Exit("fab tune interrupted; the deployed configuration is back", code=INTERRUPTED) from None

@@ -25,6 +25,7 @@ from provision.measure import (
     Lease,
     Measurement,
     RunFolder,
+    as_levels,
     failure_reason,
     git_commit,
     input_encoding,
@@ -33,7 +34,7 @@ from provision.measure import (
     now,
     perf_runs,
 )
-from provision.perf import SCENARIOS, PerfRun, concurrency_levels, fresh_csv, rate_search_steps, unstable_reason
+from provision.perf import SCENARIOS, PerfRun, concurrency_levels, fresh_csv, unstable_reason
 from provision.report import write_report
 from provision.state import Host
 
@@ -65,7 +66,7 @@ def bench(
     profile = dict(settings["bench"][profile_name])
     # Before anything is written: a bench that cannot finish does not start. A cluster's models
     # are measured twice: on each node alone, then through the balancer.
-    lease = lease_for(settings, state, len(models) * (2 if cluster else 1), _as_levels(profile, server_p99_ms), profile_name)
+    lease = lease_for(settings, state, len(models) * (2 if cluster else 1), as_levels(profile, server_p99_ms), profile_name)
     run = RunFolder.create(settings, state.target, [host.name for host in state.hosts], "server" if server_p99_ms else "")
     measurement = Measurement(settings, state, run)
     runs_of = measurement.perf_runs_of(models, profile, server_p99_ms)
@@ -132,14 +133,6 @@ def scenario_bound(scenario: str, p99_ms: float) -> float:
     if scenario != "server" and float(p99_ms or 0):
         raise UsageError("--p99-ms is the server scenario's bound: add --scenario server")
     return float(p99_ms or 0)
-
-
-def _as_levels(profile: dict, server_p99_ms: float) -> dict:
-    """The profile as the lease guard counts it: the server scenario's search measures up to
-    rate_search_steps rates, each like a concurrency level."""
-    if not server_p99_ms:
-        return profile
-    return {**profile, "concurrency_range": f"1:{rate_search_steps(profile['request_rate_range'])}"}
 
 
 def _what_is_measured(models: list[str], profile: dict, profile_name: str, server_p99_ms: float) -> str:

@@ -29,7 +29,7 @@ from provision.ansible import PlaybookError
 from provision.errors import OperationError
 from provision.lease_guard import check_bench_fits, hours_to_extend
 from provision.model_repo import model_names
-from provision.perf import PerfRun, input_encodings
+from provision.perf import PerfRun, input_encodings, rate_search_steps
 
 
 def run_folder():
@@ -270,6 +270,14 @@ def lease_for(settings: dict, state: state_module.State, measurements: int, prof
     lease = Lease(state, settings, end)
     check_bench_fits(end, measurements, profile, profile_name, lease.margin_minutes, now())
     return lease
+
+
+def as_levels(profile: dict, server_p99_ms: float) -> dict:
+    """The profile as the lease guard counts it: the server scenario's search measures up to
+    perf.rate_search_steps rates, each like a concurrency level."""
+    if not server_p99_ms:
+        return profile
+    return {**profile, "concurrency_range": f"1:{rate_search_steps(profile['request_rate_range'])}"}
 
 
 def now() -> datetime:

@@ -18,7 +18,8 @@ deployed settings (measured first), try the setting's values in ascending order
 and stop growing it as soon as a value breaks the budget or does not raise the
 throughput by MIN_GAIN; keep the setting's best value and go on to the next.
 A candidate's score is its highest throughput at a concurrency whose p99 is
-within the budget. How many configurations that measured out of the full grid
+within the budget; with --scenario server, the highest Poisson arrival rate
+whose p99 is within it (perf_analyzer's binary search: provision/server_report.py). How many configurations that measured out of the full grid
 is in the report.
 
 Triton Model Analyzer (triton-model-analyzer 1.46.0, tried against this Triton
@@ -42,7 +43,7 @@ from provision import interrupts
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.errors import OperationError
-from provision.measure import Measurement, RunFolder, failure_reason, git_commit, lease_for, playbook_run
+from provision.measure import Measurement, RunFolder, as_levels, failure_reason, git_commit, lease_for, playbook_run
 from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
 from provision.perf import concurrency_levels, fresh_csv, parse_csv, unstable_reason
 
@@ -66,7 +67,8 @@ MIN_GAIN = 0.05
 CLOSEST_MISSES = 3
 CSV_FIELDS = [
     "candidate", "instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "gpus",
-    "meets_budget", "concurrency", "throughput", "p50_ms", "p95_ms", "p99_ms", "gpu_utilization", "gpu_memory_mb",
+    "meets_budget", "concurrency", "request_rate", "throughput", "p50_ms", "p95_ms", "p99_ms", "gpu_utilization",
+    "gpu_memory_mb",
 ]  # fmt: skip
 
 
@@ -87,12 +89,12 @@ class Candidate:
         return [row for row in self.rows if row["p99_us"] <= budget_ms * 1000]
 
     def best_row(self, budget_ms: float) -> dict | None:
-        """The concurrency with the most throughput within the budget; None: none is within it."""
-        return max(self.within(budget_ms), key=lambda row: row["throughput"], default=None)
+        """The row worth the most within the budget (worth()); None: none is within it."""
+        return max(self.within(budget_ms), key=worth, default=None)
 
     def score(self, budget_ms: float) -> float:
         row = self.best_row(budget_ms)
-        return row["throughput"] if row else 0.0
+        return worth(row) if row else 0.0
 
     def closest_row(self) -> dict | None:
         """The concurrency with the lowest p99 (for a candidate that misses the budget)."""
@@ -104,12 +106,25 @@ class Candidate:
 
     def describe(self, budget_ms: float) -> str:
         row = self.reported_row(budget_ms)
-        figures = (
-            f"{row['throughput']:.1f} infer/s, p99 {row['p99_us'] / 1000:.1f} ms at concurrency {row['concurrency']}"
-            if row
-            else f"not measured: {self.error}"
-        )
+        figures = f"{worth_words(row)}, p99 {row['p99_us'] / 1000:.1f} ms at {load(row)}" if row else f"not measured: {self.error}"
         return f"{format_settings(self.settings)}: {figures}"
+
+
+def worth(row: dict) -> float:
+    """What a configuration is worth at one row: the Poisson rate it sustained (the server scenario's rows),
+    else the throughput of the closed loop."""
+    return row["request_rate"] if "request_rate" in row else row["throughput"]
+
+
+def worth_words(row: dict) -> str:
+    if "request_rate" in row:
+        return f"{row['request_rate']:g} requests/s sustained ({row['throughput']:.1f} infer/s answered)"
+    return f"{row['throughput']:.1f} infer/s"
+
+
+def load(row: dict) -> str:
+    """The load a row was measured under, in words."""
+    return f"{row['request_rate']:g} requests/s (Poisson)" if "request_rate" in row else f"concurrency {row['concurrency']}"
 
 
 def format_settings(settings: dict) -> str:
@@ -190,6 +205,7 @@ class Tune:
     state: state_module.State
     model: str
     perf_profile: dict  # the bench profile's perf_analyzer settings, with the tune's concurrency range
+    server_p99_ms: float = 0  # the server scenario: each candidate's highest Poisson rate within this p99
 
     def __post_init__(self):
         self.host = self.state.hosts[0].name
@@ -198,12 +214,18 @@ class Tune:
         self.folder = self.results / "tune"
         self.folder.mkdir()
         measurement = Measurement(self.settings, self.state, self.run, hosts=[self.host])
-        (self.perf_run,) = measurement.perf_runs_of([self.model], self.perf_profile)[self.host]
+        (self.perf_run,) = measurement.perf_runs_of([self.model], self.perf_profile, self.server_p99_ms)[self.host]
         self.common = {
             **measurement.playbook_vars(),
             "lab_tune_model": self.model,
             "lab_tune_deployed": str(self.folder / "deployed.pbtxt"),
         }
+
+    def load_words(self) -> str:
+        """The load each candidate is measured under, in words."""
+        if self.server_p99_ms:
+            return f"server scenario: Poisson arrivals, rates {self.perf_profile['request_rate_range']} searched"
+        return f"concurrency {self.perf_profile['concurrency_range']}"
 
     def playbook(self, results_dir: Path, **variables) -> None:
         """One step of the tune, its results (as bench.yml writes a run's) under results_dir."""
@@ -238,9 +260,13 @@ class Tune:
         if csv_file is None:
             log = host / f"{self.model}.log"
             reason = unstable_reason(log.read_text(errors="replace")) if log.exists() else None
-            first = concurrency_levels(self.perf_profile["concurrency_range"])[0]
+            first = (
+                f"any rate of {self.perf_profile['request_rate_range']}"
+                if self.server_p99_ms
+                else f"concurrency {concurrency_levels(self.perf_profile['concurrency_range'])[0]}"
+            )
             raise TuneError(
-                f"no stable measurement at concurrency {first}"
+                f"no stable measurement at {first}"
                 + (f' (perf_analyzer: "{reason}")' if reason else f" (perf_analyzer's log: {log})")
             )
         return parse_csv(csv_file)
@@ -295,9 +321,12 @@ def tune(
     concurrency: str = "",
     batch_sizes: list[int] | None = None,
     say: Callable[[str], None] = print,
+    server: bool = False,
 ) -> Path:
     """Search, write results/<run-id>/tune/ and its report; return the results folder.
 
+    server: score each candidate by the server scenario's rate (the highest Poisson arrival rate
+    whose p99 is within the budget) instead of the closed loop's throughput.
     TuneError when no configuration meets the budget (the closest ones are named;
     the files are written all the same).
     """
@@ -312,13 +341,10 @@ def tune(
     gpu_count = min(host_gpus, max_gpus) if max_gpus else host_gpus
     # The longest this search can be must fit in a lease, checked before anything is written: the
     # deployed one, every value of every setting, 2 preferred-size choices, the GPU counts, 2 again.
-    lease_for(
-        settings, state, 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2, perf_profile, profile
-    )
-    job = Tune(settings, state, model, perf_profile)
-    say(
-        f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, concurrency {job.perf_profile['concurrency_range']})"
-    )
+    longest = 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2
+    lease_for(settings, state, longest, as_levels(perf_profile, p99_ms if server else 0), profile)
+    job = Tune(settings, state, model, perf_profile, p99_ms if server else 0)
+    say(f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, {job.load_words()})")
     started = time.monotonic()
     deployed_text = job.fetch_deployed()
     values = deployed_values(deployed_text, host_gpus, settings, bool(state.deploy.get("smoke_weights")))
@@ -394,6 +420,8 @@ def _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, v
         "budget_p99_ms": p99_ms,
         "search": profile,
         "concurrency_range": job.perf_profile["concurrency_range"],
+        "scenario": "server" if job.server_p99_ms else "closed_loop",
+        "load": job.load_words(),
         "settings": winner.settings if winner else None,
         "measured": figures(winner.best_row(p99_ms)) if winner else None,
         "deployed": {"settings": baseline, **(figures(candidates[0].best_row(p99_ms)) or {})},
@@ -417,7 +445,8 @@ def figures(row: dict | None) -> dict | None:
     if not row:
         return None
     figures = {
-        "concurrency": row["concurrency"],
+        **({"concurrency": row["concurrency"]} if "concurrency" in row else {}),
+        **({"request_rate": round(row["request_rate"], 3)} if "request_rate" in row else {}),
         "throughput": round(row["throughput"], 2),
         "p50_ms": round(row["p50_us"] / 1000, 2),
         "p95_ms": round(row["p95_us"] / 1000, 2),
@@ -461,16 +490,28 @@ def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None
     (job.results / "report.md").write_text(report_section(summary, candidates, plot))
 
 
+def _worth_ms(figures: dict) -> str:
+    """worth_words() of a row as the results give it (figures())."""
+    if "request_rate" in figures:
+        return f"{figures['request_rate']:g} requests/s sustained"
+    return f"{figures['throughput']:.1f} infer/s"
+
+
+def _load_ms(figures: dict) -> str:
+    """load() of a row as the results give it (figures())."""
+    return load(figures)
+
+
 def _measured_again(summary: dict) -> list[str]:
     again = summary["measured_again"]
     if not again:
         return []
     best, deployed = again["best"], again["deployed"]
-    ratio = f", {best['throughput'] / deployed['throughput']:.2f}x" if deployed["throughput"] else ""
+    ratio = f", {worth(best) / worth(deployed):.2f}x" if worth(deployed) else ""
     return [
-        f"Measured again, side by side: the best {best['throughput']:.1f} infer/s (p99 {best['p99_ms']:.1f} ms at "
-        f"concurrency {best['concurrency']}), the deployed {deployed['throughput']:.1f} infer/s (p99 "
-        f"{deployed['p99_ms']:.1f} ms at concurrency {deployed['concurrency']}){ratio}.",
+        f"Measured again, side by side: the best {_worth_ms(best)} (p99 {best['p99_ms']:.1f} ms at "
+        f"{_load_ms(best)}), the deployed {_worth_ms(deployed)} (p99 {deployed['p99_ms']:.1f} ms at "
+        f"{_load_ms(deployed)}){ratio}.",
         "",
     ]
 
@@ -483,12 +524,12 @@ def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    points = [(row["p99_us"] / 1000, row["throughput"], c) for c in candidates for row in c.rows]
+    points = [(row["p99_us"] / 1000, worth(row), c) for c in candidates for row in c.rows]
     if not points:
         return None
     figure, axes = plt.subplots(figsize=(7.5, 4.5))
     axes.scatter(
-        [p for p, _, _ in points], [t for _, t, _ in points], s=18, color="0.6", label="candidate x concurrency"
+        [p for p, _, _ in points], [t for _, t, _ in points], s=18, color="0.6", label="candidate x load"
     )
     for p99, throughput, candidate in points:
         axes.annotate(str(candidate.number), (p99, throughput), textcoords="offset points", xytext=(3, 3), fontsize=7)
@@ -499,7 +540,9 @@ def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
             best_so_far = throughput
     axes.plot(*zip(*frontier), color="C0", marker="o", label="Pareto front")
     axes.axvline(budget_ms, color="C3", linestyle="--", label=f"p99 budget {budget_ms:g} ms")
-    axes.set(xlabel="p99 latency (ms)", ylabel="throughput (infer/s)", title=f"fab tune: {what}")
+    server = any("request_rate" in row for c in candidates for row in c.rows)
+    ylabel = "sustained rate (requests/s, Poisson arrivals)" if server else "throughput (infer/s)"
+    axes.set(xlabel="p99 latency (ms)", ylabel=ylabel, title=f"fab tune: {what}")
     axes.set_xlim(left=0)
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
@@ -527,7 +570,7 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         "",
         "## Tune",
         "",
-        f"Budget: p99 <= {budget:g} ms at any concurrency of {summary['concurrency_range']}; "
+        f"Budget: p99 <= {budget:g} ms ({summary.get('load') or 'concurrency ' + summary['concurrency_range']}); "
         f"{summary['search']} search, {summary['configurations_measured']} of {summary['configurations_in_grid']} "
         f"configurations of the full grid measured in {summary['wall_s'] / 60:.1f} min.",
         "",
@@ -535,13 +578,13 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
     if measured:
         deployed = summary["deployed"]
         lines += [
-            f"Best: {format_settings(summary['settings'])}: **{measured['throughput']:.1f} infer/s** at concurrency "
-            f"{measured['concurrency']}, p99 {measured['p99_ms']:.1f} ms"
+            f"Best: {format_settings(summary['settings'])}: **{_worth_ms(measured)}** at {_load_ms(measured)}, "
+            f"p99 {measured['p99_ms']:.1f} ms"
             + (
-                f" (the deployed configuration: {deployed['throughput']:.1f} infer/s within the budget, "
-                f"{measured['throughput'] / deployed['throughput']:.2f}x)."
+                f" (the deployed configuration: {_worth_ms(deployed)} within the budget, "
+                f"{worth(measured) / worth(deployed):.2f}x)."
                 if deployed.get("throughput")
-                else " (the deployed configuration met the budget at no concurrency)."
+                else " (the deployed configuration met the budget at no load measured)."
             ),
             "",
             *_measured_again(summary),
@@ -551,7 +594,7 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         lines.append("**No configuration met the budget.** The closest are listed in tune/best.json.")
     lines += [
         "",
-        "| # | settings | within budget | concurrency | infer/s | p50 ms | p95 ms | p99 ms |",
+        "| # | settings | within budget | load | infer/s | p50 ms | p95 ms | p99 ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for candidate in candidates:
@@ -559,7 +602,7 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         if row:
             lines.append(
                 f"| {candidate.number} | {format_settings(candidate.settings)} | {'yes' if candidate.best_row(budget) else 'no'} | "
-                f"{row['concurrency']} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
+                f"{_load_ms(row)} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
             )
         else:
             lines.append(

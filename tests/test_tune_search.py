@@ -92,3 +92,39 @@ def test_the_pareto_plot_names_its_model_host_and_run_and_numbers_its_candidates
     assert [text.get_text() for text in axes.texts] == ["1", "2"], "each point numbered as candidates.csv does"
     assert axes.get_ylim()[0] == 0 and axes.get_xlabel() == "p99 latency (ms)"
     assert pareto_figure([Candidate(3, {}, [])], 100, "x") is None, "nothing measured: no figure"
+
+
+SERVER_ROWS = [  # the server scenario's rows: the Poisson rates perf_analyzer's binary search measured stably
+    {"request_rate": 4.0, "throughput": 3.9, "p50_us": 40e3, "p95_us": 70e3, "p99_us": 80e3},
+    {"request_rate": 8.0, "throughput": 7.5, "p50_us": 60e3, "p95_us": 130e3, "p99_us": 150e3},
+    {"request_rate": 16.0, "throughput": 9.0, "p50_us": 400e3, "p95_us": 800e3, "p99_us": 900e3},
+]
+
+
+def test_with_the_server_scenario_a_candidate_is_worth_its_highest_rate_within_the_budget():
+    candidate = Candidate(1, {"max_batch_size": 8}, SERVER_ROWS)
+    assert candidate.score(200) == 8.0 and candidate.best_row(200)["request_rate"] == 8.0
+    assert candidate.score(50) == 0, "no rate within 50 ms"
+    assert candidate.describe(200) == (
+        "max_batch_size 8: 8 requests/s sustained (7.5 infer/s answered), p99 150.0 ms at 8 requests/s (Poisson)"
+    )
+
+
+def test_the_server_scenario_s_tune_report_says_rates_not_concurrencies():
+    from provision.tune import figures, pareto_figure, report_section
+
+    best, deployed = Candidate(2, {"max_batch_size": 8}, SERVER_ROWS), Candidate(1, {"max_batch_size": 4}, SERVER_ROWS[:1])
+    summary = {
+        "model": "batching_food_classifier", "host": "local", "target": "local", "runtime": "process",
+        "budget_p99_ms": 200, "search": "quick", "concurrency_range": "2:4:2", "scenario": "server",
+        "load": "server scenario: Poisson arrivals, rates 1:32:1 searched", "settings": best.settings,
+        "measured": figures(best.best_row(200)), "deployed": {"settings": deployed.settings, **figures(deployed.best_row(200))},
+        "measured_again": None, "configurations_measured": 2, "configurations_in_grid": 4, "wall_s": 60,
+    }  # fmt: skip
+    text = report_section(summary, [deployed, best], None)
+    assert "Budget: p99 <= 200 ms (server scenario: Poisson arrivals, rates 1:32:1 searched)" in text
+    assert "**8 requests/s sustained** at 8 requests/s (Poisson), p99 150.0 ms" in text
+    assert "(the deployed configuration: 4 requests/s sustained within the budget, 2.00x)" in text
+    assert "| 2 | max_batch_size 8 | yes | 8 requests/s (Poisson) | 7.5 |" in text
+    (axes,) = pareto_figure([deployed, best], 200, "x").axes
+    assert axes.get_ylabel() == "sustained rate (requests/s, Poisson arrivals)"
