@@ -67,7 +67,7 @@ def check_one_scenario(runs: list[dict]) -> None:
     """CompareError unless every run measured the closed-loop scenario (fab bench --scenario): a throughput
     at a concurrency and a rate sustained within a p99 bound are different figures, not one to set beside
     the other."""
-    scenarios = {run["run_id"]: run.get("scenario") or "closed_loop" for run in runs}  # older runs: closed loop
+    scenarios = {run["run_id"]: run.get("scenario") or "closed_loop" for run in runs}  # as run_folder.scenario reads it
     if len(set(scenarios.values())) > 1:
         which = ", ".join(f"{run_id}: {scenario}" for run_id, scenario in scenarios.items())
         raise CompareError(

@@ -92,3 +92,8 @@ def read_summary(run: Path) -> dict:
     if not isinstance(summary, dict):
         raise NotARun(f"{summary_file}: not a summary written by `fab bench`")
     return summary
+
+
+def scenario(run: Path) -> str:
+    """The scenario a bench run measured: "closed_loop" (runs from before it was recorded too) or "server"."""
+    return read_summary(run).get("scenario") or "closed_loop"

@@ -21,6 +21,7 @@ import shlex
 from pathlib import Path
 
 from provision import server_report
+from provision.config import client_script
 from provision.measure import RunFolder
 from provision.model_repo import gpu_variants
 from provision.perf import concurrency_levels, parse_csv, unstable_reason
@@ -262,34 +263,16 @@ def _nothing_measured(axes) -> None:
     axes.text(0.5, 0.5, "no stable measurement", ha="center", va="center", transform=axes.transAxes, color="gray")
 
 
-# The parts of a request's average latency (perf.LATENCY_SPLIT), as the report names them.
-SPLIT_WORDS = {
-    "client_send": "client send",
-    "network_and_server_send_recv": "network + server send/recv",
-    "server_queue": "queue",
-    "server_compute_input": "compute input",
-    "server_compute_infer": "compute infer",
-    "server_compute_output": "compute output",
-    "client_recv": "client recv",
-}
+def _latency_split():
+    """client_scripts/latency_split.py: the split's words and table, shared with the notebook (loaded when
+    first used, so that the package imports where the project's scripts are not beside it)."""
+    return client_script("latency_split")
 
 
 def _split_table(rows: list[dict]) -> list[str]:
     """Where each level's average latency went, in ms (rows that perf_analyzer split)."""
-    split = [r for r in rows if r.get("split_us")]
-    if not split:
-        return []
-    lines = [
-        "",
-        "Where the average latency goes (ms):",
-        "",
-        "| concurrency | " + " | ".join(SPLIT_WORDS.values()) + " | average |",
-        "|---:|" + "---:|" * (len(SPLIT_WORDS) + 1),
-    ]
-    for r in split:
-        parts = " | ".join(f"{r['split_us'].get(name, 0) / 1000:.2f}" for name in SPLIT_WORDS)
-        lines.append(f"| {r['concurrency']} | {parts} | {sum(r['split_us'].values()) / 1000:.2f} |")
-    return lines
+    table = _latency_split().table(rows, "concurrency", "concurrency")
+    return ["", "Where the average latency goes (ms):", "", *table] if table else []
 
 
 def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt, stamp: str = "") -> str | None:
@@ -302,7 +285,7 @@ def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt, s
     for panel, (model, rows) in zip(panels[0], models.items()):
         positions = range(len(rows))
         bottom = [0.0] * len(rows)
-        for name, words in SPLIT_WORDS.items():
+        for name, words in _latency_split().PARTS.items():
             heights = [r["split_us"].get(name, 0) / 1000 for r in rows]
             panel.bar(positions, heights, bottom=bottom, label=words)
             bottom = [b + h for b, h in zip(bottom, heights)]

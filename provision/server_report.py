@@ -23,18 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from provision.config import client_script
 from provision.perf import rates_tried, sustained
-
-# The parts of a request's average latency, as perf.LATENCY_SPLIT names them, in the report's words.
-SPLIT_WORDS = {
-    "client_send": "client send",
-    "network_and_server_send_recv": "network + server send/recv",
-    "server_queue": "queue",
-    "server_compute_input": "compute input",
-    "server_compute_infer": "compute infer",
-    "server_compute_output": "compute output",
-    "client_recv": "client recv",
-}
 
 
 def summarize(host_folder: Path, models: dict[str, list[dict]], p99_ms: float, rate_range: str) -> dict:
@@ -89,16 +79,9 @@ def section(model: str, rows: list[dict], server: dict, command: str, title: str
         )
     tried = ", ".join(f"{rate:g}" for rate in found["rates_tried"]) or "none logged"
     lines += ["", f"Rates tried, in perf_analyzer's order: {tried} (a rate missing from the table had no stable measurement)."]
-    if best and best.get("split_us"):
-        split = best["split_us"]
-        lines += [
-            "",
-            f"Where the average latency goes at {best['request_rate']:g} requests/s (ms):",
-            "",
-            "| " + " | ".join(SPLIT_WORDS.values()) + " | average |",
-            "|" + "---:|" * (len(SPLIT_WORDS) + 1),
-            "| " + " | ".join(f"{split.get(part, 0) / 1000:.2f}" for part in SPLIT_WORDS) + f" | {sum(split.values()) / 1000:.2f} |",
-        ]
+    split = client_script("latency_split").table([best] if best else [], "request_rate", "requests/s")
+    if split:
+        lines += ["", f"Where the average latency goes at {best['request_rate']:g} requests/s (ms):", "", *split]
     return [*lines, "", f"perf_analyzer: `{command}`", ""]
 
 

@@ -143,3 +143,32 @@ def test_the_notebook_shows_gpu_metrics_where_a_run_has_them(tmp_path, monkeypat
     assert "| multigpu_food_classifier | 2 | GPU-3f2a9c4e | 67.3 | 2539 / 16281 | 75.7 |" in text
     assert "no GPU metrics in this run" not in text
     assert images >= 4, "throughput.png, latency.png, gpu_utilization.png and the latency/throughput plot"
+
+
+def test_the_notebook_opens_a_server_scenario_run_and_does_not_compare_it_with_a_closed_loop_one(
+    results, tmp_path, monkeypatch
+):
+    """A run of fab bench --scenario server (perf_analyzer's search, recorded in tests/data/) beside the closed-loop
+    runs: its rates, sustained rate and latency split are shown; it is compared with no closed-loop run."""
+    root = tmp_path / "results"
+    shutil.copytree(results, root)
+    run = root / "20260104-120000-local-server"
+    host = run / "hosts" / "local"
+    host.mkdir(parents=True)
+    data = Path(__file__).parent / "data"
+    shutil.copy(data / "perf_analyzer_request_rate.csv", host / "food_classifier.csv")
+    shutil.copy(data / "perf_analyzer_request_rate.log", host / "food_classifier.log")
+    write_report(
+        run, run_id=run.name, target="local", profile={"name": "quick", "request_rate_range": "1:40:1",
+        "concurrency_range": "2:4:2", "measurement_interval_ms": 2000}, commands={"food_classifier": "perf_analyzer"},
+        smoke_weights=True, git={"commit": None, "dirty": False}, server_p99_ms=300,
+    )  # fmt: skip
+    text, _ = execute(root, monkeypatch)
+    assert "opening " + str(run) in text
+    assert "server scenario, rates 1:40:1" in text
+    assert "Sustainable rate (p99 <= 300 ms): **1.60938 requests/s**" in text
+    assert "| requests/s (Poisson) | infer/s | p50 ms" in text and "| 1.60938 | 1.0 | 29.2 |" in text
+    assert "| requests/s (Poisson) | client send | network + server send/recv | queue |" in text, "the report's split"
+    assert "no second run" in text, "the closed-loop runs before it are not its kind"
+    text, _ = execute(root, monkeypatch, COMPARE_DIR="20260102-120000-local")
+    assert "not compared: the runs measured different scenarios" in text and "| A infer/s" not in text
