@@ -34,7 +34,7 @@ from provision.measure import (
     now,
     perf_runs,
 )
-from provision.perf import SCENARIOS, PerfRun, concurrency_levels, fresh_csv, unstable_reason
+from provision.perf import SCENARIOS, PerfRun, concurrency_levels, fresh_csv, over_the_limit, unstable_reason
 from provision.report import write_report
 from provision.state import Host
 
@@ -188,13 +188,14 @@ def _keep_fresh_measurements(run: RunFolder, models: list[str]) -> list[str]:
             for model in models
             if fresh_csv(folder / f"{model}.csv", folder / f"{model}.log", measurement_id(run.id, model))
         }
-        unstable = {
+        logs = {model: folder / f"{model}.log" for model in models}
+        # A model with no stable level, or (the server scenario) none within the bound, was measured: the report says so.
+        answered = {
             model
-            for model in models
-            if (folder / f"{model}.log").exists()
-            and unstable_reason((folder / f"{model}.log").read_text(errors="replace"))
+            for model, log in logs.items()
+            if log.exists() and (unstable_reason(text := log.read_text(errors="replace")) or over_the_limit(text))
         }
-        measured &= fresh | unstable  # a model with no stable level was measured: the report says so
+        measured &= fresh | answered
     return [model for model in models if model in measured]
 
 

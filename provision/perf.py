@@ -244,6 +244,15 @@ def fresh_csv(csv_path: Path, log_path: Path, measurement: str) -> Path | None:
     return csv_path
 
 
+# What perf_analyzer says, and then stops, where the server scenario's first rate is already over the bound
+# (--latency-threshold): no CSV is written, and the answer is "no rate within the bound".
+OVER_THE_LIMIT = "Measured latency went over the set limit"
+
+
+def over_the_limit(log_text: str) -> bool:
+    return OVER_THE_LIMIT in log_text
+
+
 def unstable_reason(log_text: str) -> str | None:
     """perf_analyzer's own words where it found no stable measurement (the last time it said so), or None."""
     lines = [line.strip() for line in log_text.splitlines() if UNSTABLE in line]

@@ -517,7 +517,9 @@ def write_report(
     title = " (SMOKE WEIGHTS)" if smoke_weights else ""
     stamp = f"run {run_id} · host {first} · {profile.get('name', '')} profile"
     if server_p99_ms:
-        summary["server"] = server_report.summarize(results / "hosts" / first, models, server_p99_ms, profile["request_rate_range"])
+        summary["server"] = server_report.summarize(
+            results / "hosts" / first, models, server_p99_ms, profile["request_rate_range"], list(commands)
+        )
         summary["plots"] = _server_plots(results, summary, title, stamp)
         text = _server_markdown(summary, first)
     else:
@@ -554,8 +556,9 @@ def _server_markdown(summary: dict, host_name: str) -> str:
     """report.md of a server-scenario run: the header, a section per model, the plot."""
     lines = _header(summary, host_name)
     on_cpu = summary["ran_on_the_cpu"]
-    for model, rows in summary["models"].items():
+    for model in summary["server"]["models"]:
         command = summary["commands"].get(model, "")
+        rows = summary["models"].get(model, [])
         lines += server_report.section(model, rows, summary["server"], command, label(model, on_cpu))
     if summary["plots"]:
         lines += ["![p99 against the offered rate](server_rates.png)", ""]

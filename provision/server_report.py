@@ -27,11 +27,15 @@ from provision.config import client_script
 from provision.perf import rates_tried, sustained
 
 
-def summarize(host_folder: Path, models: dict[str, list[dict]], p99_ms: float, rate_range: str) -> dict:
-    """summary.json's "server" part, from the first host's CSVs (parsed: `models`) and perf_analyzer's logs."""
+def summarize(
+    host_folder: Path, models: dict[str, list[dict]], p99_ms: float, rate_range: str, benchmarked: list[str]
+) -> dict:
+    """summary.json's "server" part, from the first host's CSVs (parsed: `models`) and perf_analyzer's logs,
+    for every model benchmarked (one whose first rate was already over the bound has no CSV)."""
     top = float(str(rate_range).split(":")[1])
     found = {}
-    for model, rows in models.items():
+    for model in benchmarked:
+        rows = models.get(model, [])
         log = host_folder / f"{model}.log"
         tried = rates_tried(log.read_text(errors="replace")) if log.exists() else []
         best = sustained(rows, p99_ms)
@@ -54,6 +58,7 @@ def section(model: str, rows: list[dict], server: dict, command: str, title: str
     p99_ms, found = server["p99_ms"], server["models"][model]
     best = found["sustained"]
     lines = [f"## {title}", ""]
+    rows = rows or []
     if best:
         lines.append(
             f"Sustainable rate (Poisson arrivals, p99 <= {p99_ms:g} ms): **{best['request_rate']:g} requests/s**: "
@@ -61,17 +66,19 @@ def section(model: str, rows: list[dict], server: dict, command: str, title: str
             + (" (the top of the range searched: raise request_rate_range's end to look higher)." if found["top_of_range"] else ".")
         )
     else:
+        lowest = f" (perf_analyzer stopped at {found['rates_tried'][0]:g} requests/s)" if found["rates_tried"] else ""
         lines.append(
-            f"No rate of {server['request_rate_range']} kept p99 within {p99_ms:g} ms, the lowest included: "
+            f"No rate of {server['request_rate_range']} kept p99 within {p99_ms:g} ms, the lowest included{lowest}: "
             "raise --p99-ms, or lower request_rate_range's start."
         )
-    if found["next_over"] is not None:
+    if best and found["next_over"] is not None:
         lines.append(f"The next rate tried above it, {found['next_over']:g} requests/s, went over the bound (or had no stable measurement).")
-    lines += [
-        "",
-        "| offered rate (requests/s) | infer/s | p50 ms | p99 ms | within the bound |",
-        "|---:|---:|---:|---:|---|",
-    ]
+    if rows:
+        lines += [
+            "",
+            "| offered rate (requests/s) | infer/s | p50 ms | p99 ms | within the bound |",
+            "|---:|---:|---:|---:|---|",
+        ]
     for row in rows:
         within = "yes" if row["p99_us"] <= p99_ms * 1000 else "no"
         lines.append(

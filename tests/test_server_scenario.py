@@ -102,3 +102,23 @@ def test_the_rate_plot_draws_p99_against_the_rate_on_a_log_axis_with_the_bound()
     line, bound = axes.get_lines()
     assert list(line.get_xdata()) == [1, 8, 16] and list(line.get_ydata()) == [40, 90, 400]
     assert list(bound.get_ydata()) == [250, 250]
+
+
+def test_a_model_over_the_bound_at_the_lowest_rate_is_reported_as_such_not_left_out(tmp_path):
+    """perf_analyzer stops at the range's start when it is already over the bound, and writes no CSV."""
+    run = tmp_path / "run"
+    host = run / "hosts" / "local"
+    host.mkdir(parents=True)
+    (host / "ensemble.log").write_text(
+        "Request Rate: 1 inference requests per seconds\n--- stderr ---\nMeasured latency went over the set limit of 300 msec.\n"
+    )
+    summary = write_report(
+        run, run_id="r", target="local", profile=PROFILE, commands={"ensemble": "perf_analyzer -m ensemble"},
+        smoke_weights=True, git={"commit": None, "dirty": False}, server_p99_ms=300,
+    )  # fmt: skip
+    found = summary["server"]["models"]["ensemble"]
+    assert found["sustained"] is None and found["rates_tried"] == [1.0]
+    report = (run / "report.md").read_text()
+    assert "## ensemble" in report
+    assert "No rate of 1:64:1 kept p99 within 300 ms, the lowest included (perf_analyzer stopped at 1 requests/s)" in report
+    assert summary["plots"] == [], "nothing to draw"
