@@ -320,7 +320,6 @@ def tune(
         raise Exit("fab tune interrupted; the deployed configuration is back", code=INTERRUPTED) from None
     print(f"results: {results / 'tune'}")
     print(f"report: {results / 'report.md'}")
-    print(f"deploy the best: fab deploy --models-from {results / 'tune' / 'best.json'}")
     return results
 
 

@@ -336,7 +336,9 @@ def tune(
     profile = "quick" if quick else "full"
     perf_profile = dict(settings["bench"][profile])
     perf_profile["concurrency_range"] = concurrency or perf_profile["concurrency_range"]
-    values_tried = {**VALUES[profile], **({"max_batch_size": sorted(set(batch_sizes))} if batch_sizes else {})}
+    values_tried, left_out = searched_values(profile, batch_sizes, perf_profile["concurrency_range"], server)
+    if left_out:
+        say(left_out)
     host_gpus = int(state.deploy["hosts"][state.hosts[0].name].get("gpu_count") or 0)
     gpu_count = min(host_gpus, max_gpus) if max_gpus else host_gpus
     # The longest this search can be must fit in a lease, checked before anything is written: the
@@ -366,20 +368,73 @@ def tune(
             job.restore(deployed_text)
     winner = settled if settled.score(p99_ms) > 0 else None
     summary = _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, values_tried, gpu_count)
-    summary["wall_s"] = round(time.monotonic() - started, 1)
+    summary.update(wall_s=round(time.monotonic() - started, 1), batch_sizes_left_out=left_out or None)
+    if again and not confirmed(again, p99_ms):
+        summary.update(_deployed_stays(summary, again, p99_ms))
     write_results(job, candidates + again, summary)
     if winner is None:
-        closest = "\n".join(f"  {c.describe(p99_ms)}" for c in _misses(candidates, winner)[:CLOSEST_MISSES])
-        raise TuneError(
-            f"no configuration of {model} kept p99 within {p99_ms:g} ms at any concurrency of "
-            f"{job.perf_profile['concurrency_range']} ({len(candidates)} measured). The closest:\n{closest}\n"
-            f"Results: {job.folder}. Raise --p99-ms, or lower the concurrency (--concurrency 1:2:1)."
-        )
+        raise _nothing_within(job, candidates, p99_ms)
     say(
         f"best: {winner.describe(p99_ms)} ({len(candidates)} of {summary['configurations_in_grid']} configurations "
         f"measured, {summary['wall_s'] / 60:.1f} min)"
     )
+    say(summary.get("verdict") or f"deploy the best: fab deploy --models-from {job.folder / 'best.json'}")
     return job.results
+
+
+def _nothing_within(job: Tune, candidates: list[Candidate], p99_ms: float) -> TuneError:
+    """The error of a search that met the budget nowhere: the closest candidates, and what to change."""
+    closest = "\n".join(f"  {c.describe(p99_ms)}" for c in _misses(candidates, None)[:CLOSEST_MISSES])
+    return TuneError(
+        f"no configuration of {job.model} kept p99 within {p99_ms:g} ms at any concurrency of "
+        f"{job.perf_profile['concurrency_range']} ({len(candidates)} measured). The closest:\n{closest}\n"
+        f"Results: {job.folder}. Raise --p99-ms, or lower the concurrency (--concurrency 1:2:1)."
+    )
+
+
+def searched_values(profile: str, batch_sizes: list[int] | None, concurrency_range: str, server: bool):
+    """(the values the search tries, a line saying which max_batch_size values were left out and why, or "").
+
+    Under closed-loop concurrency N no more than N requests are ever in flight, so a max_batch_size
+    above the highest concurrency measured can never fill, and cannot differ from that one: such
+    values are left out (the Poisson arrivals of the server scenario have no such ceiling)."""
+    values = {**VALUES[profile], **({"max_batch_size": sorted(set(batch_sizes))} if batch_sizes else {})}
+    if server:
+        return values, ""
+    ceiling = max(concurrency_levels(concurrency_range))
+    kept = [size for size in values["max_batch_size"] if size <= ceiling] or [min(values["max_batch_size"])]
+    dropped = [size for size in values["max_batch_size"] if size not in kept]
+    if not dropped:
+        return values, ""
+    return {**values, "max_batch_size": kept}, (
+        f"max_batch_size {', '.join(map(str, dropped))} left out: at concurrency {concurrency_range} no more than "
+        f"{ceiling} requests are ever in flight, so a larger batch cannot fill (the rule: batch sizes up to the "
+        f"highest concurrency; raise it with --concurrency, e.g. 2:{max(dropped)}:{max(dropped) // 2 or 1})"
+    )
+
+
+def confirmed(again: list[Candidate], budget_ms: float) -> bool:
+    """Measured again side by side (the best, then the deployed), the best still beats the deployed
+    configuration by more than the noise (MIN_GAIN): only then is it recommended."""
+    best, deployed = again
+    return best.score(budget_ms) > deployed.score(budget_ms) * (1 + MIN_GAIN)
+
+
+def _deployed_stays(summary: dict, again: list[Candidate], budget_ms: float) -> dict:
+    """best.json's answer when the re-measurement contradicts the search: the deployed settings, and why."""
+    best, deployed = again
+    verdict = (
+        f"not recommended: measured again side by side, the best ({worth_words(best.reported_row(budget_ms))}) did not "
+        f"beat the deployed configuration ({worth_words(deployed.reported_row(budget_ms))}) by more than "
+        f"{MIN_GAIN:.0%}, the noise: the deployed settings stay (best.json holds them)"
+    )
+    return {
+        "recommended": False,
+        "verdict": verdict,
+        "rejected": {"settings": summary["settings"], "measured": summary["measured"]},
+        "settings": summary["deployed"]["settings"],
+        "measured": figures(deployed.reported_row(budget_ms)),
+    }
 
 
 def _measuring(
@@ -575,10 +630,14 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         f"configurations of the full grid measured in {summary['wall_s'] / 60:.1f} min.",
         "",
     ]
+    if summary.get("batch_sizes_left_out"):
+        lines += [summary["batch_sizes_left_out"] + ".", ""]
     if measured:
         deployed = summary["deployed"]
+        if summary.get("rejected"):
+            measured = summary["rejected"]["measured"]
         lines += [
-            f"Best: {format_settings(summary['settings'])}: **{_worth_ms(measured)}** at {_load_ms(measured)}, "
+            f"Best: {format_settings((summary.get('rejected') or summary)['settings'])}: **{_worth_ms(measured)}** at {_load_ms(measured)}, "
             f"p99 {measured['p99_ms']:.1f} ms"
             + (
                 f" (the deployed configuration: {_worth_ms(deployed)} within the budget, "
@@ -588,7 +647,9 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
             ),
             "",
             *_measured_again(summary),
-            "Deploy it: `fab deploy --models-from tune/best.json` (path relative to this folder).",
+            f"**{summary['verdict'][0].upper()}{summary['verdict'][1:]}.**"
+            if summary.get("verdict")
+            else "Deploy it: `fab deploy --models-from tune/best.json` (path relative to this folder).",
         ]
     else:
         lines.append("**No configuration met the budget.** The closest are listed in tune/best.json.")

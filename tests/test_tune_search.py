@@ -128,3 +128,46 @@ def test_the_server_scenario_s_tune_report_says_rates_not_concurrencies():
     assert "| 2 | max_batch_size 8 | yes | 8 requests/s (Poisson) | 7.5 |" in text
     (axes,) = pareto_figure([deployed, best], 200, "x").axes
     assert axes.get_ylabel() == "sustained rate (requests/s, Poisson arrivals)"
+
+
+def test_the_quick_load_reaches_every_batch_size_it_searches_or_the_size_is_left_out_saying_why():
+    from provision.tune import searched_values
+
+    values, said = searched_values("quick", None, "2:4:2", server=False)
+    assert values["max_batch_size"] == [4], "at most 4 requests in flight: 8 and 16 cannot fill"
+    assert said.startswith("max_batch_size 8, 16 left out: at concurrency 2:4:2 no more than 4 requests")
+    assert "the rule: batch sizes up to the highest concurrency" in said
+    values, said = searched_values("quick", None, "2:16:2", server=False)
+    assert values["max_batch_size"] == VALUES["quick"]["max_batch_size"] and said == ""
+    values, said = searched_values("quick", [2, 32], "1:8:1", server=False)
+    assert values["max_batch_size"] == [2] and "32 left out" in said
+    values, said = searched_values("quick", None, "2:4:2", server=True)
+    assert values["max_batch_size"] == VALUES["quick"]["max_batch_size"], "Poisson arrivals have no such ceiling"
+
+
+def test_a_winner_that_loses_the_side_by_side_measurement_is_not_recommended_and_the_deployed_settings_stay():
+    from provision.tune import _deployed_stays, confirmed, figures, report_section
+
+    deployed_settings, best_settings = {"max_batch_size": 4}, {"max_batch_size": 8}
+    row = {"concurrency": 4, "p50_us": 50e3, "p95_us": 80e3, "p99_us": 90e3}
+    search_best = Candidate(2, best_settings, [{**row, "throughput": 53.9}])
+    search_deployed = Candidate(1, deployed_settings, [{**row, "throughput": 43.6}])
+    again = [Candidate(3, best_settings, [{**row, "throughput": 25.9}]), Candidate(4, deployed_settings, [{**row, "throughput": 33.3}])]
+    assert not confirmed(again, 100)
+    assert confirmed([again[1], again[0]], 100), "a lead beyond 5 % holds"
+    assert not confirmed([Candidate(5, {}, [{**row, "throughput": 34.0}]), again[1]], 100), "2 % is noise"
+    summary = {
+        "model": "batching_food_classifier", "host": "local", "target": "local", "runtime": "process",
+        "budget_p99_ms": 100, "search": "quick", "concurrency_range": "2:4:2", "settings": best_settings,
+        "measured": figures(search_best.best_row(100)),
+        "deployed": {"settings": deployed_settings, **figures(search_deployed.best_row(100))},
+        "measured_again": {"best": figures(again[0].best_row(100)), "deployed": figures(again[1].best_row(100))},
+        "configurations_measured": 2, "configurations_in_grid": 4, "wall_s": 60,
+    }  # fmt: skip
+    summary.update(_deployed_stays(summary, again, 100))
+    assert summary["recommended"] is False and summary["settings"] == deployed_settings, "best.json deploys what is there"
+    assert summary["rejected"]["settings"] == best_settings and summary["measured"]["throughput"] == 33.3
+    assert summary["verdict"].startswith("not recommended: measured again side by side, the best (25.9 infer/s)")
+    text = report_section(summary, [search_deployed, search_best, *again], None)
+    assert "**Not recommended: measured again side by side" in text and "Deploy it:" not in text
+    assert "Best: max_batch_size 8: **53.9 infer/s**" in text
