@@ -49,7 +49,7 @@ docker-bases: setup
 	$(BIN)/python -m provision.docker_engine install
 	$(BIN)/python -m provision.docker_engine start
 	$(BIN)/python -m provision.docker_engine bases
-	cd tests && ../$(BIN)/python cluster_nodes.py
+	$(BIN)/python tests/support/cluster_nodes.py
 
 # What the tests need from the system: sshd (the ssh-target tests start their own
 # on 127.0.0.1), sudo (Ansible's become on that host) and Debian's docker-compose
