@@ -164,7 +164,10 @@ def measurement_id(run_id: str, model: str) -> str:
 
 def playbook_run(run: PerfRun, measurement: str) -> dict:
     """One entry of bench.yml's lab_bench_runs: the model, its CSV, the measurement's id, perf_analyzer's arguments."""
-    return {"model": run.model, "csv": str(run.csv_path), "measurement": measurement, "args": run.command()[1:]}
+    return {
+        "model": run.model, "csv": str(run.csv_path), "measurement": measurement, "args": run.command()[1:],
+        "warmup_args": run.warmup_args(),
+    }  # fmt: skip
 
 
 def failure_reason(failure: PlaybookError) -> str:

@@ -179,6 +179,16 @@ class PerfRun:
             *self.extra_args,
         ]
 
+    def warmup_args(self) -> list[str]:
+        """perf_analyzer's arguments (after the program) for a few requests to the model before it is measured:
+        its first requests after a (re)load are slow (the Python backend's stub warms up), and in the server
+        scenario a slow first window at the lowest rate ends the search. Nothing of it is kept."""
+        return [
+            "-m", self.model, "-u", self.url, "-i", "http", "--input-data", str(self.input_json),
+            "--concurrency-range", "1", "--measurement-mode", "count_windows", "--measurement-request-count", "3",
+            "--max-trials", "1", "--stability-percentage", "999",
+        ]  # fmt: skip
+
     def metrics_args(self) -> list[str]:
         """The GPU metrics flags, or none; perf_analyzer writes the metrics to the CSV only with --verbose-csv."""
         if not self.metrics_url:

@@ -154,3 +154,17 @@ def test_on_the_wire_raw_input_is_the_file_s_bytes_and_base64_is_text(
     with pytest.raises(RuntimeError) as failed:
         run.run(perf_analyzer, env=perf_analyzer_env(triton_runtime.root), timeout_s=300)
     assert "truncated" in str(failed.value) and f"(read as {read_as})" in str(failed.value)
+
+
+def test_the_warm_up_before_a_measurement_sends_a_few_requests_and_keeps_nothing(triton_server, triton_runtime, tmp_path):
+    """bench.yml sends PerfRun.warmup_args's requests before each model's measurement (a model's first requests
+    after a load are slow); whatever perf_analyzer says of one short window, the requests were served."""
+    from support.serving import inference_count
+
+    run = _short_run(triton_server, tmp_path, concurrency_range="1")
+    address = f"{triton_server.host}:{triton_server.http_port}"
+    before = inference_count(address, run.model)
+    perf_analyzer = str(Path(sys.executable).parent / "perf_analyzer")
+    subprocess.run([perf_analyzer, *run.warmup_args()], env=perf_analyzer_env(triton_runtime.root), capture_output=True, timeout=120)
+    assert inference_count(address, run.model) >= before + 3
+    assert not run.csv_path.exists(), "no CSV: nothing of the warm-up is kept"
