@@ -295,7 +295,7 @@ def tune(
     pareto.png) and report.md; `fab deploy --models-from .../tune/best.json`
     deploys the winner.
     """
-    from provision.bench import scenario_bound
+    from provision.bench import check_scenario
     from provision.tune import tune as run_tune
 
     if not model:
@@ -307,7 +307,7 @@ def tune(
     concurrency = flags.concurrency_range(concurrency) if concurrency else ""
     sizes = flags.positive_integers(batch_sizes, "--batch-sizes") if batch_sizes else None
     gpus = int(flags.positive_number(max_gpus, "--max-gpus", "GPUs")) if max_gpus not in (0, "0", "") else None
-    server = scenario_bound(scenario, budget if scenario == "server" else 0) > 0
+    server = check_scenario(scenario) == "server"
     try:
         # SIGTERM too becomes KeyboardInterrupt: the tune puts the deployed configuration back either way.
         with interrupts.handled():

@@ -25,7 +25,6 @@ from provision.measure import (
     Lease,
     Measurement,
     RunFolder,
-    as_levels,
     failure_reason,
     git_commit,
     input_encoding,
@@ -66,7 +65,7 @@ def bench(
     profile = dict(settings["bench"][profile_name])
     # Before anything is written: a bench that cannot finish does not start. A cluster's models
     # are measured twice: on each node alone, then through the balancer.
-    lease = lease_for(settings, state, len(models) * (2 if cluster else 1), as_levels(profile, server_p99_ms), profile_name)
+    lease = lease_for(settings, state, len(models) * (2 if cluster else 1), profile, profile_name, bool(server_p99_ms))
     run = RunFolder.create(settings, state.target, [host.name for host in state.hosts], "server" if server_p99_ms else "")
     measurement = Measurement(settings, state, run)
     runs_of = measurement.perf_runs_of(models, profile, server_p99_ms)
@@ -124,11 +123,16 @@ def _check_can_bench(state: state_module.State, cluster: bool, server_p99_ms: fl
     return _cluster_balancer(state) if cluster else None
 
 
-def scenario_bound(scenario: str, p99_ms: float) -> float:
-    """The server scenario's p99 bound in ms, 0 for the closed loop; UsageError for a mismatched pair."""
+def check_scenario(scenario: str) -> str:
+    """--scenario, checked: one of perf.SCENARIOS."""
     if scenario not in SCENARIOS:
         raise UsageError(f"--scenario {scenario}: choose one of {', '.join(SCENARIOS)}")
-    if scenario == "server" and not float(p99_ms or 0) > 0:
+    return scenario
+
+
+def scenario_bound(scenario: str, p99_ms: float) -> float:
+    """The server scenario's p99 bound in ms, 0 for the closed loop; UsageError for a mismatched pair."""
+    if check_scenario(scenario) == "server" and not float(p99_ms or 0) > 0:
         raise UsageError("--scenario server needs --p99-ms N: the p99 bound, in ms, that the rate must keep")
     if scenario != "server" and float(p99_ms or 0):
         raise UsageError("--p99-ms is the server scenario's bound: add --scenario server")

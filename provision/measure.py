@@ -264,23 +264,22 @@ class Lease:
         return hours_to_extend(models * self.longest_model_s + self.margin_minutes * 60 - self.time_left_s())
 
 
-def lease_for(settings: dict, state: state_module.State, measurements: int, profile: dict, profile_name: str):
+def lease_for(
+    settings: dict, state: state_module.State, measurements: int, profile: dict, profile_name: str, server: bool = False
+):
     """The hosts' Lease, once `measurements` model measurements of `profile` are checked to fit in it
-    (LeaseTooShort names the `fab extend` to run); None on a target whose hosts have no end."""
+    (LeaseTooShort names the `fab extend` to run); None on a target whose hosts have no end.
+
+    server: the server scenario's search measures up to perf.rate_search_steps rates, each counted
+    as a concurrency level is."""
     end = targets.deadline(state.target, state, settings)
     if end is None:
         return None
+    if server:
+        profile = {**profile, "concurrency_range": f"1:{rate_search_steps(profile['request_rate_range'])}"}
     lease = Lease(state, settings, end)
     check_bench_fits(end, measurements, profile, profile_name, lease.margin_minutes, now())
     return lease
-
-
-def as_levels(profile: dict, server_p99_ms: float) -> dict:
-    """The profile as the lease guard counts it: the server scenario's search measures up to
-    perf.rate_search_steps rates, each like a concurrency level."""
-    if not server_p99_ms:
-        return profile
-    return {**profile, "concurrency_range": f"1:{rate_search_steps(profile['request_rate_range'])}"}
 
 
 def now() -> datetime:

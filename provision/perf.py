@@ -69,10 +69,16 @@ DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-
 SCENARIOS = ("closed_loop", "server")
 
 
+def rate_range(request_rate_range: str) -> tuple[float, float, float]:
+    """perf_analyzer's --request-rate-range start:end:step as numbers ("N" alone is N:N:1)."""
+    parts = [float(part) for part in str(request_rate_range).split(":")]
+    return parts[0], (parts[1:2] or parts[:1])[0], (parts[2:3] or [1.0])[0]
+
+
 def rate_search_steps(request_rate_range: str) -> int:
     """How many rates perf_analyzer's binary search measures at most over start:end:step: both ends,
     then halving the interval until it is narrower than the step."""
-    start, end, step = (float(part) for part in (str(request_rate_range).split(":") + ["1"])[:3])
+    start, end, step = rate_range(request_rate_range)
     return 2 + max(0, math.ceil(math.log2(max((end - start) / max(step, 1e-9), 1.0))))
 
 
@@ -150,18 +156,15 @@ class PerfRun:
             "--percentile=99",  # the threshold, and the windows' stability, on p99
         ]  # fmt: skip
 
+    def target_args(self) -> list[str]:
+        """The model, the server and the input: what every perf_analyzer run of this model sends."""
+        return ["-m", self.model, "-u", self.url, "-i", "http", "--input-data", str(self.input_json)]
+
     def command(self, perf_analyzer: str = "perf_analyzer") -> list[str]:
         return [
             perf_analyzer,
-            "-m",
-            self.model,
-            "-u",
-            self.url,
-            "-i",
-            "http",
+            *self.target_args(),
             *self.load_args(),
-            "--input-data",
-            str(self.input_json),
             "--measurement-mode",
             self.measurement_mode,
             *(
@@ -184,9 +187,8 @@ class PerfRun:
         its first requests after a (re)load are slow (the Python backend's stub warms up), and in the server
         scenario a slow first window at the lowest rate ends the search. Nothing of it is kept."""
         return [
-            "-m", self.model, "-u", self.url, "-i", "http", "--input-data", str(self.input_json),
-            "--concurrency-range", "1", "--measurement-mode", "count_windows", "--measurement-request-count", "3",
-            "--max-trials", "1", "--stability-percentage", "999",
+            *self.target_args(), "--concurrency-range", "1", "--measurement-mode", "count_windows",
+            "--measurement-request-count", "3", "--max-trials", "1", "--stability-percentage", "999",
         ]  # fmt: skip
 
     def metrics_args(self) -> list[str]:

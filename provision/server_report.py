@@ -24,15 +24,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from provision.config import client_script
-from provision.perf import rates_tried, sustained
+from provision.perf import rate_range, rates_tried, sustained
 
 
 def summarize(
-    host_folder: Path, models: dict[str, list[dict]], p99_ms: float, rate_range: str, benchmarked: list[str]
+    host_folder: Path, models: dict[str, list[dict]], p99_ms: float, searched: str, benchmarked: list[str]
 ) -> dict:
     """summary.json's "server" part, from the first host's CSVs (parsed: `models`) and perf_analyzer's logs,
     for every model benchmarked (one whose first rate was already over the bound has no CSV)."""
-    top = float(str(rate_range).split(":")[1])
+    top = rate_range(searched)[1]
     found = {}
     for model in benchmarked:
         rows = models.get(model, [])
@@ -46,7 +46,7 @@ def summarize(
             "next_over": min(above) if above else None,
             "top_of_range": best is not None and best["request_rate"] >= top,
         }
-    return {"p99_ms": p99_ms, "request_rate_range": str(rate_range), "models": found}
+    return {"p99_ms": p99_ms, "request_rate_range": str(searched), "models": found}
 
 
 def _ms(microseconds: float) -> str:

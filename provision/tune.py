@@ -19,7 +19,8 @@ and stop growing it as soon as a value breaks the budget or does not raise the
 throughput by MIN_GAIN; keep the setting's best value and go on to the next.
 A candidate's score is its highest throughput at a concurrency whose p99 is
 within the budget; with --scenario server, the highest Poisson arrival rate
-whose p99 is within it (perf_analyzer's binary search: provision/server_report.py). How many configurations that measured out of the full grid
+whose p99 is within it (perf_analyzer's binary search: provision/server_report.py).
+How many configurations that measured out of the full grid
 is in the report.
 
 Triton Model Analyzer (triton-model-analyzer 1.46.0, tried against this Triton
@@ -43,7 +44,7 @@ from provision import interrupts
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.errors import OperationError
-from provision.measure import Measurement, RunFolder, as_levels, failure_reason, git_commit, lease_for, playbook_run
+from provision.measure import Measurement, RunFolder, failure_reason, git_commit, lease_for, playbook_run
 from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
 from provision.perf import concurrency_levels, fresh_csv, parse_csv, unstable_reason
 
@@ -344,7 +345,7 @@ def tune(
     # The longest this search can be must fit in a lease, checked before anything is written: the
     # deployed one, every value of every setting, 2 preferred-size choices, the GPU counts, 2 again.
     longest = 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2
-    lease_for(settings, state, longest, as_levels(perf_profile, p99_ms if server else 0), profile)
+    lease_for(settings, state, longest, perf_profile, profile, server)
     job = Tune(settings, state, model, perf_profile, p99_ms if server else 0)
     say(f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, {job.load_words()})")
     started = time.monotonic()
@@ -386,8 +387,8 @@ def _nothing_within(job: Tune, candidates: list[Candidate], p99_ms: float) -> Tu
     """The error of a search that met the budget nowhere: the closest candidates, and what to change."""
     closest = "\n".join(f"  {c.describe(p99_ms)}" for c in _misses(candidates, None)[:CLOSEST_MISSES])
     return TuneError(
-        f"no configuration of {job.model} kept p99 within {p99_ms:g} ms at any concurrency of "
-        f"{job.perf_profile['concurrency_range']} ({len(candidates)} measured). The closest:\n{closest}\n"
+        f"no configuration of {job.model} kept p99 within {p99_ms:g} ms ({job.load_words()}; "
+        f"{len(candidates)} measured). The closest:\n{closest}\n"
         f"Results: {job.folder}. Raise --p99-ms, or lower the concurrency (--concurrency 1:2:1)."
     )
 
@@ -423,9 +424,13 @@ def confirmed(again: list[Candidate], budget_ms: float) -> bool:
 def _deployed_stays(summary: dict, again: list[Candidate], budget_ms: float) -> dict:
     """best.json's answer when the re-measurement contradicts the search: the deployed settings, and why."""
     best, deployed = again
+    def measured(candidate: Candidate) -> str:
+        row = candidate.reported_row(budget_ms)
+        return worth_words(row) if row else f"not measured: {candidate.error}"
+
     verdict = (
-        f"not recommended: measured again side by side, the best ({worth_words(best.reported_row(budget_ms))}) did not "
-        f"beat the deployed configuration ({worth_words(deployed.reported_row(budget_ms))}) by more than "
+        f"not recommended: measured again side by side, the best ({measured(best)}) did not "
+        f"beat the deployed configuration ({measured(deployed)}) by more than "
         f"{MIN_GAIN:.0%}, the noise: the deployed settings stay (best.json holds them)"
     )
     return {
@@ -552,23 +557,17 @@ def _worth_ms(figures: dict) -> str:
     return f"{figures['throughput']:.1f} infer/s"
 
 
-def _load_ms(figures: dict) -> str:
-    """load() of a row as the results give it (figures())."""
-    return load(figures)
-
-
 def _measured_again(summary: dict) -> list[str]:
     again = summary["measured_again"]
     if not again:
         return []
     best, deployed = again["best"], again["deployed"]
-    ratio = f", {worth(best) / worth(deployed):.2f}x" if worth(deployed) else ""
-    return [
-        f"Measured again, side by side: the best {_worth_ms(best)} (p99 {best['p99_ms']:.1f} ms at "
-        f"{_load_ms(best)}), the deployed {_worth_ms(deployed)} (p99 {deployed['p99_ms']:.1f} ms at "
-        f"{_load_ms(deployed)}){ratio}.",
-        "",
-    ]
+
+    def words(figures: dict | None) -> str:  # None: that re-measurement gave no row
+        return f"{_worth_ms(figures)} (p99 {figures['p99_ms']:.1f} ms at {load(figures)})" if figures else "not measured"
+
+    ratio = f", {worth(best) / worth(deployed):.2f}x" if best and deployed and worth(deployed) else ""
+    return [f"Measured again, side by side: the best {words(best)}, the deployed {words(deployed)}{ratio}.", ""]
 
 
 def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
@@ -637,7 +636,7 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         if summary.get("rejected"):
             measured = summary["rejected"]["measured"]
         lines += [
-            f"Best: {format_settings((summary.get('rejected') or summary)['settings'])}: **{_worth_ms(measured)}** at {_load_ms(measured)}, "
+            f"Best: {format_settings((summary.get('rejected') or summary)['settings'])}: **{_worth_ms(measured)}** at {load(measured)}, "
             f"p99 {measured['p99_ms']:.1f} ms"
             + (
                 f" (the deployed configuration: {_worth_ms(deployed)} within the budget, "
@@ -663,7 +662,7 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         if row:
             lines.append(
                 f"| {candidate.number} | {format_settings(candidate.settings)} | {'yes' if candidate.best_row(budget) else 'no'} | "
-                f"{_load_ms(row)} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
+                f"{load(row)} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
             )
         else:
             lines.append(

@@ -95,6 +95,13 @@ def test_a_cluster_bench_needs_a_deployed_cluster(tmp_path):
     assert list(tmp_path.iterdir()) == [], "refused before anything was written"
 
 
+def test_the_server_scenario_is_refused_on_a_cluster_before_anything_is_written(tmp_path):
+    settings = lab_settings({"results_dir": str(tmp_path)})
+    with pytest.raises(BenchError, match=r"--scenario server measures each host alone: drop --cluster"):
+        bench(settings, deployed_state("process", {}), cluster=True, server_p99_ms=300)
+    assert list(tmp_path.iterdir()) == [], "refused before anything was written"
+
+
 def test_the_clients_run_where_the_balancer_s_loopback_is_theirs():
     deployed = deployed_state("docker", {}).deploy["hosts"]["node-1"]
     # process: the serving virtualenv's perf_analyzer, on the host itself.

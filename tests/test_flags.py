@@ -30,6 +30,11 @@ BAD_FLAGS = [
     (["provision", "--target", "ssh", "--host", "h1", "--lease", "mine"],
      "--lease mine: a flag of the chameleon target, and this provision is for the ssh target"),
     (["run", "--key", "~/.ssh/id_ed25519"], "--key ~/.ssh/id_ed25519: a flag of the ssh and chameleon targets"),
+    (["bench", "--scenario", "open_loop"], "--scenario open_loop: choose one of closed_loop, server"),
+    (["bench", "--scenario", "server"], "--scenario server needs --p99-ms N: the p99 bound, in ms"),
+    (["bench", "--p99-ms", "300"], "--p99-ms is the server scenario's bound: add --scenario server"),
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--scenario", "open_loop"],
+     "--scenario open_loop: choose one of closed_loop, server"),
 ]  # fmt: skip
 
 

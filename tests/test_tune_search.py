@@ -171,3 +171,9 @@ def test_a_winner_that_loses_the_side_by_side_measurement_is_not_recommended_and
     text = report_section(summary, [search_deployed, search_best, *again], None)
     assert "**Not recommended: measured again side by side" in text and "Deploy it:" not in text
     assert "Best: max_batch_size 8: **53.9 infer/s**" in text
+    # A re-measurement that gave no row (Triton refused the config, nothing stable) is said as such.
+    unmeasured = Candidate(6, best_settings, [], error="no stable measurement at concurrency 2")
+    stays = _deployed_stays(summary, [unmeasured, again[1]], 100)
+    assert stays["verdict"].startswith("not recommended: measured again side by side, the best (not measured: no stable")
+    summary.update(stays, measured_again={"best": None, "deployed": figures(again[1].best_row(100))})
+    assert "Measured again, side by side: the best not measured, the deployed 33.3 infer/s (p99 90.0 ms at concurrency 4)." in report_section(summary, [unmeasured], None)
