@@ -279,13 +279,24 @@ def bench(c, quick=False, model=None, cluster=False, scenario="closed_loop", p99
         + ")",
         "scenario": "closed_loop (the default: a candidate is worth its most throughput at a concurrency within the "
         "budget) or server (its highest Poisson arrival rate within it: fab bench --scenario server)",
+        "repeats": "measure each candidate this many times, back to back; its figure is their median "
+        f"(default lab.tune.repeats: {config.defaults()['tune']['repeats']})",
         **NO_WAIT_HELP,
     }
 )
 @_fails_cleanly()
 @_one_at_a_time
 def tune(
-    c, model="", p99_ms="", quick=False, max_gpus=0, concurrency="", batch_sizes="", scenario="closed_loop", no_wait=False
+    c,
+    model="",
+    p99_ms="",
+    quick=False,
+    max_gpus=0,
+    concurrency="",
+    batch_sizes="",
+    scenario="closed_loop",
+    repeats=0,
+    no_wait=False,
 ):
     """Find the model's serving settings with the most throughput under a p99 budget, on the deployed host.
 
@@ -308,13 +319,14 @@ def tune(
     sizes = flags.positive_integers(batch_sizes, "--batch-sizes") if batch_sizes else None
     gpus = int(flags.positive_number(max_gpus, "--max-gpus", "GPUs")) if max_gpus not in (0, "0", "") else None
     server = check_scenario(scenario) == "server"
+    count = int(flags.positive_number(repeats, "--repeats", "measurements")) if repeats not in (0, "0", "") else 0
     try:
         # SIGTERM too becomes KeyboardInterrupt: the tune puts the deployed configuration back either way.
         with interrupts.handled():
             results = run_tune(
                 _settings(c), _state(), model, budget, quick=quick, max_gpus=gpus,
                 concurrency=concurrency, batch_sizes=sizes, say=lambda line: print(line, flush=True),  # live, also piped
-                server=server,
+                server=server, repeats=count,
             )  # fmt: skip
     except KeyboardInterrupt:
         raise Exit("fab tune interrupted; the deployed configuration is back", code=INTERRUPTED) from None
@@ -527,6 +539,11 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
         "differ in: "
         + ("; ".join(differing) if differing else "nothing recorded (commit, versions, hardware, configs)")
     )
+    for measurement in written["busy"]:
+        print(
+            f"BUSY HOST {measurement['run']}: {measurement['model']} on {measurement['host']} measured under "
+            f"{compare_runs.run_folder.load_words(measurement['load'])}: its figures may be low"
+        )
     parts = {(c["run"], c["model"], c["concurrency"]): c for c in written["split_changes"]}
     for found in written["regressions"]:
         part = parts.get((found["run"], found["model"], found["concurrency"]))
@@ -537,7 +554,7 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
         )
         print(
             f"REGRESSION {found['run']}: {found['model']} c={found['concurrency']} {found['figure']} "
-            f"x{found['ratio']:.2f}{grew}"
+            f"x{found['ratio']:.2f}{grew}{' (measured on a busy host: may be the load)' if found['busy_host'] else ''}"
         )
     print(f"report: {folder / 'compare.md'}")
     if fail_on_regression and written["regressions"]:

@@ -210,15 +210,29 @@ def _ratio(value, base) -> float | None:
 def regressions(runs: list[dict], rows: list[dict], threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
     """Every figure of a later run worse than the baseline's by more than the threshold."""
     found = []
+    busy_models = {(b["run"], b["model"]) for b in busy(runs)}
     for row in rows:
         for index, run in enumerate(runs[1:], start=1):
             throughput = _ratio(row["throughput"][index], row["throughput"][0])
             p99 = _ratio(row["p99_us"][index], row["p99_us"][0])
+            # Measured on a busy host, in this run or the baseline: the load may explain it.
+            under_load = {(run["run_id"], row["model"]), (runs[0]["run_id"], row["model"])} & busy_models
+            where = {"run": run["run_id"], **_where(row), "busy_host": bool(under_load)}
             if throughput is not None and throughput < 1 - threshold:
-                found.append({"run": run["run_id"], **_where(row), "figure": "throughput", "ratio": throughput})
+                found.append({**where, "figure": "throughput", "ratio": throughput})
             if p99 is not None and p99 > 1 + threshold:
-                found.append({"run": run["run_id"], **_where(row), "figure": "p99 latency", "ratio": p99})
+                found.append({**where, "figure": "p99 latency", "ratio": p99})
     return found
+
+
+def busy(runs: list[dict]) -> list[dict]:
+    """Every measurement of the runs that ran on a busy host (run_folder.busy: a load average above the
+    host's cores as it ended): {"run", "host", "model", "load"}. A difference there may be the load."""
+    return [
+        {"run": run["run_id"], "host": host, "model": model, "load": load}
+        for run in runs
+        for host, model, load in run_folder.busy_measurements(run)
+    ]
 
 
 def _where(row: dict) -> dict:
@@ -268,6 +282,7 @@ def markdown(runs: list[dict], threshold: float = DEFAULT_THRESHOLD, plot: str |
     rows = side_by_side(runs)
     lines = ["# Benchmark runs compared", ""]
     lines += [f"- **{name}** `{run['run_id']}` ({run['path']})" for name, run in zip(names, runs)]
+    lines += _busy_lines(runs, names)
     lines += ["", "## What differs", ""]
     differing = differing_facts(runs)
     if differing:
@@ -313,13 +328,31 @@ def markdown(runs: list[dict], threshold: float = DEFAULT_THRESHOLD, plot: str |
         lines.append(f"Quick-profile runs ({', '.join(quick)}) accept any windows: their flags are indicative only.")
     lines.append("")
     if found:
-        lines += ["| run | model | concurrency | figure | ratio to A |", "|---|---|---:|---|---:|"]
+        lines += ["| run | model | concurrency | figure | ratio to A | busy host |", "|---|---|---:|---|---:|---|"]
         lines += [
-            f"| {f['run']} | {f['model']} | {f['concurrency']} | {f['figure']} | {f['ratio']:.2f}x |" for f in found
+            f"| {f['run']} | {f['model']} | {f['concurrency']} | {f['figure']} | {f['ratio']:.2f}x "
+            f"| {'**yes**: may be the load' if f['busy_host'] else 'no'} |"
+            for f in found
         ]
     else:
         lines.append("None.")
     return "\n".join(lines) + "\n"
+
+
+def _busy_lines(runs: list[dict], names: list[str]) -> list[str]:
+    """The warning under the runs' list: which measurements ran on a busy host (busy())."""
+    found = busy(runs)
+    if not found:
+        return []
+    name_of = {run["run_id"]: name for name, run in zip(names, runs)}
+    which = "; ".join(
+        f"{name_of[b['run']]}: {b['model']} on {b['host']} ({run_folder.load_words(b['load'])})" for b in found
+    )
+    return [
+        "",
+        f"> **BUSY HOST**: measured under a load average above the host's cores: {which}. Their figures may",
+        "> be low because of the load, not of what changed between the runs.",
+    ]
 
 
 def plot(runs: list[dict], path: Path) -> Path:
@@ -351,7 +384,7 @@ def plot(runs: list[dict], path: Path) -> Path:
 
 
 def write(runs: list[dict], out: Path, threshold: float = DEFAULT_THRESHOLD) -> dict:
-    """compare.md and compare.png in `out`; returns {"markdown", "regressions", "rows", "split_changes"}."""
+    """compare.md and compare.png in `out`; returns {"markdown", "regressions", "rows", "split_changes", "busy"}."""
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, out / "compare.png")
     text = markdown(runs, threshold, plot="compare.png")
@@ -362,4 +395,5 @@ def write(runs: list[dict], out: Path, threshold: float = DEFAULT_THRESHOLD) -> 
         "rows": rows,
         "regressions": regressions(runs, rows, threshold),
         "split_changes": split_changes(runs, rows),
+        "busy": busy(runs),
     }

@@ -97,3 +97,25 @@ def read_summary(run: Path) -> dict:
 def scenario(run: Path) -> str:
     """The scenario a bench run measured: "closed_loop" (runs from before it was recorded too) or "server"."""
     return read_summary(run).get("scenario") or "closed_loop"
+
+
+def busy(load: dict | None) -> bool:
+    """A measurement ran on a busy host: the 1-minute load average as it ended was above the host's cores
+    (processes waited for a CPU; the figures may be low). `load`: {"load_average", "cores"}, or None."""
+    return bool(load) and load["load_average"] > load["cores"]
+
+
+def busy_measurements(summary: dict) -> list[tuple[str, str, dict]]:
+    """(host, model, load) of each measurement of a bench run that ran on a busy host (busy()); the load
+    each measurement ended under is in summary["hosts"][host]["load"][model] (runs before it: none)."""
+    return [
+        (host, model, load)
+        for host, results in sorted(summary.get("hosts", {}).items())
+        for model, load in (results.get("load") or {}).items()
+        if busy(load)
+    ]
+
+
+def load_words(load: dict) -> str:
+    """A measurement's load, in words."""
+    return f"load average {load['load_average']:.2f} on {load['cores']} cores"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from provision.config import client_script
 from provision.measure import RunFolder
 from provision.perf import parse_csv
 
@@ -43,6 +44,7 @@ def summarize(
         for group in report
         if group["wall_s"] > 0
     }
+    load = {group["name"]: group.get("load") for group in report}
     summary = {"balancer": balancer, "nodes": nodes, "clients": clients, "models": {}}
     for model in models:
         alone = {node: _by_level(results / "hosts" / node / f"{model}.csv") for node in nodes}
@@ -56,6 +58,7 @@ def summarize(
                 "clients_measured": len(client_rows),
                 "nodes_alone": {node: alone[node].get(level) for node in nodes},
                 "busiest_client_core_share": round(cpu_share.get(group_name(model, level), 0.0), 3),
+                "balancer_host_load": load.get(group_name(model, level)),  # as the level's clients ended
             }
             if len(client_rows) == clients:  # a level some client could not measure has no aggregate
                 row["throughput"] = sum(r["throughput"] for r in client_rows)
@@ -108,6 +111,7 @@ def markdown(summary: dict) -> str:
     for model, figures in summary["models"].items():
         efficiency = figures["efficiency"]
         lines.append(f"- {model}: {'not measured' if efficiency is None else f'{efficiency:.2f}'}")
+    lines += _busy_balancer(summary)
     lines += ["", "![cluster](cluster.png)", ""]
     header = (
         "| model | concurrency per node | cluster infer/s | p50 ms | p99 ms | "
@@ -128,6 +132,24 @@ def markdown(summary: dict) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _busy_balancer(summary: dict) -> list[str]:
+    """The levels measured while the balancer's host was busy (run_folder.busy): their figures may be low."""
+    run_folder = client_script("run_folder")
+    busy = [
+        f"{model} at {row['concurrency_per_node']} ({run_folder.load_words(row['balancer_host_load'])})"
+        for model, figures in summary["models"].items()
+        for row in figures["levels"]
+        if run_folder.busy(row.get("balancer_host_load"))
+    ]
+    if not busy:
+        return []
+    return [
+        "",
+        f"> **BUSY HOST**: the balancer's host ran its clients under a load average above its cores: {'; '.join(busy)}. "
+        "Those levels' figures may be low.",
+    ]
 
 
 def _cell(value: float | None) -> str:

@@ -162,11 +162,12 @@ def measurement_id(run_id: str, model: str) -> str:
     return f"{run_id}/{model}"
 
 
-def playbook_run(run: PerfRun, measurement: str) -> dict:
-    """One entry of bench.yml's lab_bench_runs: the model, its CSV, the measurement's id, perf_analyzer's arguments."""
+def playbook_run(run: PerfRun, measurement: str, warm_up: bool = True) -> dict:
+    """One entry of bench.yml's lab_bench_runs: the model, its files' name (the CSV's), its CSV, the
+    measurement's id, perf_analyzer's arguments, the warm-up's (none: warm_up False, the model is warm)."""
     return {
-        "model": run.model, "csv": str(run.csv_path), "measurement": measurement, "args": run.command()[1:],
-        "warmup_args": run.warmup_args(),
+        "model": run.model, "name": run.csv_path.stem, "csv": str(run.csv_path), "measurement": measurement,
+        "args": run.command()[1:], "warmup_args": run.warmup_args() if warm_up else [],
     }  # fmt: skip
 
 

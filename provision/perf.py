@@ -256,6 +256,21 @@ def fresh_csv(csv_path: Path, log_path: Path, measurement: str) -> Path | None:
     return csv_path
 
 
+# The line bench.yml's measurement prints after perf_analyzer ends: the host's 1-minute load average then
+# (the load the measurement ran under, its own included) and the host's cores. A load above the cores
+# means processes waited for a CPU: the figures may be low (run_folder.busy says which were).
+HOST_LOAD = re.compile(r"host load: 1-minute load average ([0-9.]+) on ([0-9]+) cores")
+
+
+def host_load(log_text: str) -> dict | None:
+    """{"load_average", "cores"} from a measurement's log (its last such line), or None: not recorded."""
+    found = HOST_LOAD.findall(log_text)
+    if not found:
+        return None
+    load, cores = found[-1]
+    return {"load_average": float(load), "cores": int(cores)}
+
+
 # What perf_analyzer says, and then stops, where the server scenario's first rate is already over the bound
 # (--latency-threshold): no CSV is written, and the answer is "no rate within the bound".
 OVER_THE_LIMIT = "Measured latency went over the set limit"

@@ -24,7 +24,7 @@ from provision import server_report
 from provision.config import client_script
 from provision.measure import RunFolder
 from provision.model_repo import gpu_variants
-from provision.perf import concurrency_levels, parse_csv, unstable_reason
+from provision.perf import concurrency_levels, host_load, parse_csv, unstable_reason
 
 # The units of a row's "gpus" entries (provision.perf.GPU_COLUMNS: as perf_analyzer writes them).
 GPU_UNITS = {
@@ -62,7 +62,10 @@ def _load_host(folder: Path) -> dict:
     facts = json.loads(facts_file.read_text()) if facts_file.exists() else {}
     models = {csv.stem: parse_csv(csv) for csv in sorted(folder.glob("*.csv"))}
     configs = {c.stem: c.name for c in sorted((folder / "configs").glob("*.pbtxt"))}
-    return {"facts": facts, "models": models, "configs": configs}
+    # The load each measurement ended under (bench.yml's "host load" line in its log).
+    logs = {log.stem: host_load(log.read_text(errors="replace")) for log in sorted(folder.glob("*.log"))}
+    load = {model: figures for model, figures in logs.items() if figures}
+    return {"facts": facts, "models": models, "configs": configs, "load": load}
 
 
 def _missing_levels(models: dict[str, list[dict]], profile: dict, benchmarked: list[str]) -> dict[str, list[int]]:
@@ -384,6 +387,7 @@ def _header(summary: dict, host_name: str) -> list[str]:
             "> are real; labels and captions are meaningless.",
             "",
         ]
+    lines += _busy_warning(summary)
     facts, profile = summary["hosts"][host_name]["facts"], summary["profile"]
     gpus = ", ".join(g["name"] for g in facts.get("gpus", [])) or "none"
     windows = (
@@ -420,6 +424,34 @@ def _header(summary: dict, host_name: str) -> list[str]:
     return lines
 
 
+def _load_line(summary: dict, model: str, host_name: str) -> list[str]:
+    """The host's load as the model's measurement ended (none for runs from before it was recorded)."""
+    load = (summary["hosts"][host_name].get("load") or {}).get(model)
+    if not load:
+        return []
+    run_folder = client_script("run_folder")
+    busy = " (**busy**: above its cores, the figures may be low)" if run_folder.busy(load) else ""
+    return ["", f"Host load as the measurement ended: {run_folder.load_words(load)}{busy}."]
+
+
+def _busy_warning(summary: dict) -> list[str]:
+    """The warning over a report whose measurements ran on a busy host (run_folder.busy), naming them."""
+    run_folder = client_script("run_folder")
+    busy = run_folder.busy_measurements(summary)
+    if not busy:
+        return []
+    several = len(summary.get("hosts", {})) > 1
+    which = "; ".join(
+        f"{model}{f' on {host}' if several else ''} ({run_folder.load_words(load)})" for host, model, load in busy
+    )
+    return [
+        f"> **BUSY HOST**: measured under a load average above the host's cores: {which}. Processes waited",
+        "> for a CPU while these were measured (perf_analyzer and Triton on the same cores count too): their",
+        "> figures may be low. Measure again on a quieter host before comparing them.",
+        "",
+    ]
+
+
 def _model_section(
     summary: dict, model: str, rows: list[dict], labels: dict, host_name: str, results: Path | None
 ) -> list[str]:
@@ -448,6 +480,7 @@ def _model_section(
         lines += ["", "GPU metrics: none for this model."]
     if missing:
         lines += ["", _unstable_line(summary, model, host_name)]
+    lines += _load_line(summary, model, host_name)
     command = summary["commands"].get(model, "")
     lines += ["", f"perf_analyzer: `{command}`"]
     if command and results is not None:
@@ -560,6 +593,8 @@ def _server_markdown(summary: dict, host_name: str) -> str:
         command = summary["commands"].get(model, "")
         rows = summary["models"].get(model, [])
         lines += server_report.section(model, rows, summary["server"], command, label(model, on_cpu))
+        if load_line := _load_line(summary, model, host_name):
+            lines[-1:-1] = load_line  # before the section's closing blank line
     if summary["plots"]:
         lines += ["![p99 against the offered rate](server_rates.png)", ""]
     return "\n".join(lines)

@@ -44,9 +44,9 @@ from provision import interrupts
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.errors import OperationError
-from provision.measure import Measurement, RunFolder, failure_reason, git_commit, lease_for, playbook_run
+from provision.measure import Measurement, RunFolder, failure_reason, git_commit, lease_for, playbook_run, run_folder
 from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
-from provision.perf import concurrency_levels, fresh_csv, parse_csv, unstable_reason
+from provision.perf import concurrency_levels, fresh_csv, host_load, parse_csv, unstable_reason
 
 # The order in which the settings are searched: the ones that decide the most first.
 DIMENSIONS = ("instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "gpus")
@@ -69,7 +69,7 @@ CLOSEST_MISSES = 3
 CSV_FIELDS = [
     "candidate", "instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "gpus",
     "meets_budget", "concurrency", "request_rate", "throughput", "p50_ms", "p95_ms", "p99_ms", "gpu_utilization",
-    "gpu_memory_mb",
+    "gpu_memory_mb", "median_of", "spread_low", "spread_high", "host_load_max", "cores",
 ]  # fmt: skip
 
 
@@ -79,12 +79,40 @@ class TuneError(OperationError):
 
 @dataclass
 class Candidate:
-    """One configuration of the model and what perf_analyzer measured at each concurrency."""
+    """One configuration of the model and what perf_analyzer measured of it.
+
+    It is measured lab.tune.repeats times, back to back. Its figure is the median of the
+    measurements' worths within the budget (the lower middle one for an even count), and `rows`
+    are that median measurement's own rows: every figure reported for a candidate is one that
+    perf_analyzer measured. `worths` keeps every measurement's worth: their range is the spread.
+    """
 
     number: int
     settings: dict
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # the median measurement's, one per concurrency (or rate)
     error: str = ""  # why it was not measured (Triton refused the config, no stable measurement)
+    worths: list[float] = field(default_factory=list)  # each stable measurement's worth within the budget
+    missed: int = 0  # measurements with no stable window (left out of the median)
+    loads: list[dict] = field(default_factory=list)  # the host's load as each measurement ended
+
+    def keep_median(self, measurements: list[list[dict]], budget_ms: float) -> None:
+        """Keep the median of the measurements (each one's rows) by their worth within the budget."""
+        worths = [score_of(rows, budget_ms) for rows in measurements]
+        order = sorted(range(len(measurements)), key=lambda index: worths[index])
+        self.rows = measurements[order[(len(order) - 1) // 2]] if measurements else []
+        self.worths = worths
+
+    def spread(self) -> tuple[float, float] | None:
+        """The lowest and highest worth of its measurements; None: measured fewer than twice."""
+        return (min(self.worths), max(self.worths)) if len(self.worths) > 1 else None
+
+    def spread_words(self) -> str:
+        """ "median of 3: 48.1 to 53.3" (or "" for one measurement), and the measurements that had no stable window."""
+        spread = self.spread()
+        words = f"median of {len(self.worths)}: {spread[0]:.1f} to {spread[1]:.1f}" if spread else ""
+        if self.missed:
+            words += f"{'; ' if words else ''}{self.missed} more with no stable measurement"
+        return words
 
     def within(self, budget_ms: float) -> list[dict]:
         return [row for row in self.rows if row["p99_us"] <= budget_ms * 1000]
@@ -107,8 +135,26 @@ class Candidate:
 
     def describe(self, budget_ms: float) -> str:
         row = self.reported_row(budget_ms)
-        figures = f"{worth_words(row)}, p99 {row['p99_us'] / 1000:.1f} ms at {load(row)}" if row else f"not measured: {self.error}"
+        spread = f" ({self.spread_words()})" if self.spread_words() else ""
+        figures = (
+            f"{worth_words(row)}{spread}, p99 {row['p99_us'] / 1000:.1f} ms at {load(row)}"
+            if row
+            else f"not measured: {self.error}"
+        )
         return f"{format_settings(self.settings)}: {figures}"
+
+    def figures(self, budget_ms: float, row: dict | None) -> dict | None:
+        """figures(row), with how many measurements the median was of and their spread (best.json)."""
+        found = figures(row)
+        if found is None:
+            return None
+        spread = self.spread()
+        return {**found, "median_of": len(self.worths), **({"spread": list(spread)} if spread else {})}
+
+
+def score_of(rows: list[dict], budget_ms: float) -> float:
+    """What one measurement is worth: its best row within the budget (worth()), 0 where none is within."""
+    return max((worth(row) for row in rows if row["p99_us"] <= budget_ms * 1000), default=0.0)
 
 
 def worth(row: dict) -> float:
@@ -206,9 +252,13 @@ class Tune:
     state: state_module.State
     model: str
     perf_profile: dict  # the bench profile's perf_analyzer settings, with the tune's concurrency range
-    server_p99_ms: float = 0  # the server scenario: each candidate's highest Poisson rate within this p99
+    budget_ms: float  # the p99 budget
+    server: bool = False  # the server scenario: each candidate's highest Poisson rate within the budget
+    repeats: int = 1  # measurements of each candidate, back to back (lab.tune.repeats)
+    deployed_text: str = ""  # the deployed config.pbtxt, fetched first, put back last
 
     def __post_init__(self):
+        self.server_p99_ms = self.budget_ms if self.server else 0  # perf_analyzer's latency bound (0: closed loop)
         self.host = self.state.hosts[0].name
         self.run = RunFolder.create(self.settings, self.state.target, [], kind="tune")
         self.results = self.run.path
@@ -221,6 +271,11 @@ class Tune:
             "lab_tune_model": self.model,
             "lab_tune_deployed": str(self.folder / "deployed.pbtxt"),
         }
+
+    def repeats_words(self) -> str:
+        if self.repeats == 1:
+            return "each candidate measured once"
+        return f"each candidate measured {self.repeats} times, its median kept"
 
     def load_words(self) -> str:
         """The load each candidate is measured under, in words."""
@@ -243,24 +298,36 @@ class Tune:
             lab_bench_runs={},
             lab_bench_finish=False,
         )
-        return (self.folder / "deployed.pbtxt").read_text()
+        self.deployed_text = (self.folder / "deployed.pbtxt").read_text()
+        return self.deployed_text
 
-    def measure(self, number: int, config_text: str) -> list[dict]:
-        """Load one candidate and measure it; its perf_analyzer rows (TuneError: no stable measurement)."""
+    def measure(self, number: int, config_text: str) -> list[tuple[list[dict], dict | None]]:
+        """Load one candidate and measure it `repeats` times back to back (warmed up before the first):
+        each stable measurement's perf_analyzer rows and the host's load as it ended, in order; the
+        files are <model>-<k>.csv/.log. TuneError: no measurement was stable."""
         results = self.folder / "measurements" / f"{number:02d}"
         measurement = f"{self.run.id}/{self.model}/{number:02d}"
+        runs = [replace(self.perf_run, csv_path=Path(f"{self.model}-{k}.csv")) for k in range(1, self.repeats + 1)]
         self.playbook(
             results,
             lab_tune_config=config_text,
-            lab_bench_runs={self.host: [playbook_run(self.perf_run, measurement)]},
+            lab_bench_runs={
+                self.host: [playbook_run(run, f"{measurement}/{k}", warm_up=k == 1) for k, run in enumerate(runs, 1)]
+            },
             lab_bench_prepare=False,
             lab_bench_finish=False,
         )
         host = RunFolder(results).host(self.host)
-        csv_file = fresh_csv(host / f"{self.model}.csv", host / f"{self.model}.log", measurement)
-        if csv_file is None:
-            log = host / f"{self.model}.log"
-            reason = unstable_reason(log.read_text(errors="replace")) if log.exists() else None
+        measured, reason = [], None
+        for k, run in enumerate(runs, 1):
+            log = host / f"{run.csv_path.stem}.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            csv_file = fresh_csv(host / run.csv_path.name, log, f"{measurement}/{k}")
+            if csv_file:
+                measured.append((parse_csv(csv_file), host_load(text)))
+            else:
+                reason = unstable_reason(text) or reason
+        if not measured:
             first = (
                 f"any rate of {self.perf_profile['request_rate_range']}"
                 if self.server_p99_ms
@@ -268,9 +335,9 @@ class Tune:
             )
             raise TuneError(
                 f"no stable measurement at {first}"
-                + (f' (perf_analyzer: "{reason}")' if reason else f" (perf_analyzer's log: {log})")
+                + (f' (perf_analyzer: "{reason}")' if reason else f" (perf_analyzer's logs: {host})")
             )
-        return parse_csv(csv_file)
+        return measured
 
     def restore(self, deployed_text: str) -> None:
         """Put the deployed config back, load it, end the bench on the host (its folder removed)."""
@@ -323,11 +390,13 @@ def tune(
     batch_sizes: list[int] | None = None,
     say: Callable[[str], None] = print,
     server: bool = False,
+    repeats: int = 0,
 ) -> Path:
     """Search, write results/<run-id>/tune/ and its report; return the results folder.
 
     server: score each candidate by the server scenario's rate (the highest Poisson arrival rate
     whose p99 is within the budget) instead of the closed loop's throughput.
+    repeats: measurements of each candidate (0: lab.tune.repeats); its figure is their median.
     TuneError when no configuration meets the budget (the closest ones are named;
     the files are written all the same).
     """
@@ -345,9 +414,13 @@ def tune(
     # The longest this search can be must fit in a lease, checked before anything is written: the
     # deployed one, every value of every setting, 2 preferred-size choices, the GPU counts, 2 again.
     longest = 1 + sum(len(v) for v in values_tried.values()) + 2 + gpu_count + 2
-    lease_for(settings, state, longest, perf_profile, profile, server)
-    job = Tune(settings, state, model, perf_profile, p99_ms if server else 0)
-    say(f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, {job.load_words()})")
+    repeats = measurements_per_candidate(settings, repeats)
+    lease_for(settings, state, longest * repeats, perf_profile, profile, server)
+    job = Tune(settings, state, model, perf_profile, p99_ms, server, repeats)
+    say(
+        f"tuning {model} on {job.host} for p99 <= {p99_ms:g} ms ({profile} search, {job.load_words()}; "
+        f"{job.repeats_words()})"
+    )
     started = time.monotonic()
     deployed_text = job.fetch_deployed()
     values = deployed_values(deployed_text, host_gpus, settings, bool(state.deploy.get("smoke_weights")))
@@ -355,18 +428,7 @@ def tune(
     if host_gpus == 0:
         baseline.pop("gpus", None)  # CPU instances: no GPU count to choose
     measure = _measuring(job, values, p99_ms, say)
-    try:
-        candidates, settled = search(measure, baseline, p99_ms, values_tried, gpu_count)
-        again = []
-        if settled.score(p99_ms) > 0 and settled is not candidates[0]:
-            # Side by side once more: the winner's lead is not one noisy window.
-            say("measuring the best and the deployed configuration again, side by side")
-            again = [measure(settled.settings), measure(baseline)]
-    finally:
-        # Also after Ctrl-C: the deployment serves what it served before.
-        with interrupts.refused("putting the deployed configuration back first"):
-            say("putting the deployed configuration back")
-            job.restore(deployed_text)
+    candidates, settled, again = _search_then_measure_again(job, measure, baseline, values_tried, gpu_count, say)
     winner = settled if settled.score(p99_ms) > 0 else None
     summary = _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, values_tried, gpu_count)
     summary.update(wall_s=round(time.monotonic() - started, 1), batch_sizes_left_out=left_out or None)
@@ -383,6 +445,28 @@ def tune(
     return job.results
 
 
+def _search_then_measure_again(
+    job: Tune, measure: Callable[[dict], Candidate], baseline: dict, values: dict, gpu_count: int, say
+) -> tuple[list[Candidate], Candidate, list[Candidate]]:
+    """search(), then the candidate it settled on and the deployed one measured again, side by side
+    (none when it settled on the deployed one, or on nothing within the budget); the deployed
+    configuration is put back at the end, whatever happened."""
+    budget_ms = job.budget_ms
+    try:
+        candidates, settled = search(measure, baseline, budget_ms, values, gpu_count)
+        again = []
+        if settled.score(budget_ms) > 0 and settled is not candidates[0]:
+            # Side by side once more: the winner's lead is not one noisy window.
+            say("measuring the best and the deployed configuration again, side by side")
+            again = [measure(settled.settings), measure(baseline)]
+    finally:
+        # Also after Ctrl-C: the deployment serves what it served before.
+        with interrupts.refused("putting the deployed configuration back first"):
+            say("putting the deployed configuration back")
+            job.restore(job.deployed_text)
+    return candidates, settled, again
+
+
 def _nothing_within(job: Tune, candidates: list[Candidate], p99_ms: float) -> TuneError:
     """The error of a search that met the budget nowhere: the closest candidates, and what to change."""
     closest = "\n".join(f"  {c.describe(p99_ms)}" for c in _misses(candidates, None)[:CLOSEST_MISSES])
@@ -391,6 +475,14 @@ def _nothing_within(job: Tune, candidates: list[Candidate], p99_ms: float) -> Tu
         f"{len(candidates)} measured). The closest:\n{closest}\n"
         f"Results: {job.folder}. Raise --p99-ms, or lower the concurrency (--concurrency 1:2:1)."
     )
+
+
+def measurements_per_candidate(settings: dict, repeats: int) -> int:
+    """--repeats, else lab.tune.repeats: how many times each candidate is measured (TuneError below 1)."""
+    count = int(repeats or settings.get("tune", {}).get("repeats", 3))
+    if count < 1:
+        raise TuneError(f"lab.tune.repeats is {count}: each candidate is measured at least once (3: docs/tune.md)")
+    return count
 
 
 def searched_values(profile: str, batch_sizes: list[int] | None, concurrency_range: str, server: bool):
@@ -416,9 +508,13 @@ def searched_values(profile: str, batch_sizes: list[int] | None, concurrency_ran
 
 def confirmed(again: list[Candidate], budget_ms: float) -> bool:
     """Measured again side by side (the best, then the deployed), the best still beats the deployed
-    configuration by more than the noise (MIN_GAIN): only then is it recommended."""
+    configuration beyond the noise: its median by more than MIN_GAIN, and every one of its measurements
+    above every one of the deployed's (with 3 each, two configurations that are the same would do
+    that 1 time in 20). Only then is it recommended."""
     best, deployed = again
-    return best.score(budget_ms) > deployed.score(budget_ms) * (1 + MIN_GAIN)
+    if best.score(budget_ms) <= deployed.score(budget_ms) * (1 + MIN_GAIN):
+        return False
+    return min(best.worths or [best.score(budget_ms)]) > max(deployed.worths or [deployed.score(budget_ms)])
 
 
 def _deployed_stays(summary: dict, again: list[Candidate], budget_ms: float) -> dict:
@@ -426,19 +522,23 @@ def _deployed_stays(summary: dict, again: list[Candidate], budget_ms: float) -> 
     best, deployed = again
     def measured(candidate: Candidate) -> str:
         row = candidate.reported_row(budget_ms)
-        return worth_words(row) if row else f"not measured: {candidate.error}"
+        spread = f"; {candidate.spread_words()}" if candidate.spread_words() else ""
+        return f"{worth_words(row)}{spread}" if row else f"not measured: {candidate.error}"
 
+    noise = f"by more than {MIN_GAIN:.0%}" + (
+        ", every measurement of it above every one of the deployed's" if len(best.worths) > 1 else ""
+    )
     verdict = (
         f"not recommended: measured again side by side, the best ({measured(best)}) did not "
-        f"beat the deployed configuration ({measured(deployed)}) by more than "
-        f"{MIN_GAIN:.0%}, the noise: the deployed settings stay (best.json holds them)"
+        f"beat the deployed configuration ({measured(deployed)}) beyond the noise ({noise}): "
+        "the deployed settings stay (best.json holds them)"
     )
     return {
         "recommended": False,
         "verdict": verdict,
         "rejected": {"settings": summary["settings"], "measured": summary["measured"]},
         "settings": summary["deployed"]["settings"],
-        "measured": figures(deployed.reported_row(budget_ms)),
+        "measured": deployed.figures(budget_ms, deployed.reported_row(budget_ms)),
     }
 
 
@@ -452,7 +552,10 @@ def _measuring(
         candidate = Candidate(next(numbers), candidate_settings)
         config_text = render_config(job.model, replace(values, tuned={**values.tuned, job.model: candidate_settings}))
         try:
-            candidate.rows = job.measure(candidate.number, config_text)
+            measured = job.measure(candidate.number, config_text)
+            candidate.keep_median([rows for rows, _ in measured], p99_ms)
+            candidate.loads = [host_load for _, host_load in measured if host_load]
+            candidate.missed = job.repeats - len(measured)
         except PlaybookInterrupted:
             raise
         except PlaybookError as error:  # a config Triton refuses, a measurement that failed
@@ -483,11 +586,11 @@ def _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, v
         "scenario": "server" if job.server_p99_ms else "closed_loop",
         "load": job.load_words(),
         "settings": winner.settings if winner else None,
-        "measured": figures(winner.best_row(p99_ms)) if winner else None,
-        "deployed": {"settings": baseline, **(figures(candidates[0].best_row(p99_ms)) or {})},
+        "measured": winner.figures(p99_ms, winner.best_row(p99_ms)) if winner else None,
+        "deployed": {"settings": baseline, **(candidates[0].figures(p99_ms, candidates[0].best_row(p99_ms)) or {})},
         "measured_again": {
-            "best": figures(again[0].reported_row(p99_ms)),
-            "deployed": figures(again[1].reported_row(p99_ms)),
+            "best": again[0].figures(p99_ms, again[0].reported_row(p99_ms)),
+            "deployed": again[1].figures(p99_ms, again[1].reported_row(p99_ms)),
         }
         if again
         else None,
@@ -495,8 +598,40 @@ def _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, v
             {"settings": c.settings, **figures(c.closest_row())} for c in _misses(candidates, winner)[:CLOSEST_MISSES]
         ],
         "configurations_measured": len(candidates),
+        "measurements_per_candidate": job.repeats,
+        "busy_measurements": _busy(candidates + again),
         "configurations_in_grid": grid_size(baseline, values_tried, gpu_count),
         "git": git_commit(),
+    }
+
+
+def _busy(candidates: list[Candidate]) -> list[dict]:
+    """The candidates with a measurement that ended on a busy host (run_folder.busy: a load average above
+    the cores): each one's number, how many of its measurements, the highest load."""
+    busy = run_folder().busy
+    found = []
+    for candidate in candidates:
+        over = [load for load in candidate.loads if busy(load)]
+        if over:
+            highest = max(over, key=lambda load: load["load_average"])
+            found.append({"candidate": candidate.number, "measurements": len(over), "load": highest})
+    return found
+
+
+def _csv_row(candidate: Candidate, budget_ms: float) -> dict:
+    """A candidate's line of candidates.csv: its settings, its median measurement's figures, their spread, its load."""
+    spread = candidate.spread()
+    highest = max(candidate.loads, key=lambda load: load["load_average"], default=None)
+    return {
+        "candidate": candidate.number,
+        **{name: json.dumps(value) if isinstance(value, list) else value for name, value in candidate.settings.items()},
+        "meets_budget": candidate.best_row(budget_ms) is not None,
+        **(figures(candidate.reported_row(budget_ms)) or {}),
+        "median_of": len(candidate.worths) or "",
+        "spread_low": spread[0] if spread else "",
+        "spread_high": spread[1] if spread else "",
+        "host_load_max": highest["load_average"] if highest else "",
+        "cores": highest["cores"] if highest else "",
     }
 
 
@@ -529,17 +664,7 @@ def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None
         writer = csv.DictWriter(file, CSV_FIELDS)
         writer.writeheader()
         for candidate in candidates:
-            writer.writerow(
-                {
-                    "candidate": candidate.number,
-                    **{
-                        name: json.dumps(value) if isinstance(value, list) else value
-                        for name, value in candidate.settings.items()
-                    },
-                    "meets_budget": candidate.best_row(budget) is not None,
-                    **(figures(candidate.reported_row(budget)) or {}),
-                }
-            )
+            writer.writerow(_csv_row(candidate, budget))
     (job.folder / "best.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot = _pareto_plot(
         job.folder / "pareto.png",
@@ -557,6 +682,12 @@ def _worth_ms(figures: dict) -> str:
     return f"{figures['throughput']:.1f} infer/s"
 
 
+def _spread_words(figures: dict) -> str:
+    """ " (median of 3: 48.1 to 53.3)" from a candidate's figures in best.json; "" for one measurement."""
+    spread = figures.get("spread")
+    return f" (median of {figures['median_of']}: {spread[0]:.1f} to {spread[1]:.1f})" if spread else ""
+
+
 def _measured_again(summary: dict) -> list[str]:
     again = summary["measured_again"]
     if not again:
@@ -564,10 +695,28 @@ def _measured_again(summary: dict) -> list[str]:
     best, deployed = again["best"], again["deployed"]
 
     def words(figures: dict | None) -> str:  # None: that re-measurement gave no row
-        return f"{_worth_ms(figures)} (p99 {figures['p99_ms']:.1f} ms at {load(figures)})" if figures else "not measured"
+        if not figures:
+            return "not measured"
+        spread = _spread_words(figures).strip(" ()")
+        return f"{_worth_ms(figures)} ({spread + '; ' if spread else ''}p99 {figures['p99_ms']:.1f} ms at {load(figures)})"
 
     ratio = f", {worth(best) / worth(deployed):.2f}x" if best and deployed and worth(deployed) else ""
     return [f"Measured again, side by side: the best {words(best)}, the deployed {words(deployed)}{ratio}.", ""]
+
+
+def _busy_lines(summary: dict) -> list[str]:
+    """The warning over a tune some of whose measurements ended on a busy host."""
+    busy = summary.get("busy_measurements") or []
+    if not busy:
+        return []
+    words = run_folder().load_words
+    which = "; ".join(f"candidate {b['candidate']} ({b['measurements']} of its, up to {words(b['load'])})" for b in busy)
+    return [
+        f"> **BUSY HOST**: measured under a load average above the host's cores: {which}. Their figures may be "
+        "low; the median and the side-by-side check guard against one such measurement, not against a host busy "
+        "throughout.",
+        "",
+    ]
 
 
 def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
@@ -631,13 +780,21 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
     ]
     if summary.get("batch_sizes_left_out"):
         lines += [summary["batch_sizes_left_out"] + ".", ""]
+    repeats = summary.get("measurements_per_candidate", 1)
+    if repeats > 1:
+        lines += [
+            f"Each candidate was measured {repeats} times back to back; its figures are those of its median "
+            "measurement, the spread the lowest and highest of the measurements.",
+            "",
+        ]
+    lines += _busy_lines(summary)
     if measured:
         deployed = summary["deployed"]
         if summary.get("rejected"):
             measured = summary["rejected"]["measured"]
         lines += [
-            f"Best: {format_settings((summary.get('rejected') or summary)['settings'])}: **{_worth_ms(measured)}** at {load(measured)}, "
-            f"p99 {measured['p99_ms']:.1f} ms"
+            f"Best: {format_settings((summary.get('rejected') or summary)['settings'])}: **{_worth_ms(measured)}**"
+            f"{_spread_words(measured)} at {load(measured)}, p99 {measured['p99_ms']:.1f} ms"
             + (
                 f" (the deployed configuration: {_worth_ms(deployed)} within the budget, "
                 f"{worth(measured) / worth(deployed):.2f}x)."
@@ -654,19 +811,20 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         lines.append("**No configuration met the budget.** The closest are listed in tune/best.json.")
     lines += [
         "",
-        "| # | settings | within budget | load | infer/s | p50 ms | p95 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| # | settings | within budget | load | infer/s | spread | p50 ms | p95 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for candidate in candidates:
         row = figures(candidate.reported_row(budget))
         if row:
             lines.append(
                 f"| {candidate.number} | {format_settings(candidate.settings)} | {'yes' if candidate.best_row(budget) else 'no'} | "
-                f"{load(row)} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
+                f"{load(row)} | {row['throughput']:.1f} | {candidate.spread_words() or '-'} | {row['p50_ms']:.1f} | "
+                f"{row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
             )
         else:
             lines.append(
-                f"| {candidate.number} | {format_settings(candidate.settings)} | not measured: {candidate.error} | | | | | |"
+                f"| {candidate.number} | {format_settings(candidate.settings)} | not measured: {candidate.error} | | | | | | |"
             )
     if plot:
         lines += ["", f"![throughput against p99](tune/{plot.name})"]

@@ -10,13 +10,14 @@ and says in its last line when perf_analyzer wrote one (provision.perf.fresh_csv
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import yaml
 
 from provision import config
-from provision.perf import fresh_csv, measurement_stamp
+from provision.perf import fresh_csv, host_load, measurement_stamp
 
 UNSTABLE = "Failed to obtain stable measurement within 5 measurement windows for concurrency 2."
 CSV, MEASUREMENT = "food_classifier.csv", "20261207-000000-local/food_classifier"
@@ -91,3 +92,18 @@ def test_the_controller_keeps_only_a_csv_whose_measurement_says_it_wrote_it(tmp_
     assert not csv.exists(), "and it is removed, never reported"
     csv.write_text("row\n")
     assert fresh_csv(csv, log, "20261207-000000-local/food_classifier/02") == csv
+
+
+def test_each_measurement_records_the_host_load_it_ended_under(tmp_path):
+    done = measure(tmp_path, stand_in(tmp_path, (0, "")))
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == measurement_stamp(MEASUREMENT, CSV), "the stamp stays the last line"
+    load = host_load(done.stdout)
+    assert load["cores"] == len(os.sched_getaffinity(0))
+    assert 0 <= load["load_average"] < 1000
+    assert lines[-2].startswith("host load: 1-minute load average ")
+
+
+def test_a_failed_measurement_records_the_host_load_too(tmp_path):
+    done = measure(tmp_path, stand_in(tmp_path, (2, "connection refused")))
+    assert done.returncode == 2 and host_load(done.stdout) is not None

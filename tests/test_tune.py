@@ -101,7 +101,9 @@ def test_a_quick_tune_finds_a_configuration_within_the_budget_and_leaves_the_dep
 
 def test_a_budget_no_configuration_meets_fails_naming_the_closest_three(deployed):
     before = served(deployed)
-    done = deployed.fab("tune", "--model", MODEL, "--p99-ms", "1", "--quick", "--concurrency", "1:1:1", check=False)
+    done = deployed.fab(
+        "tune", "--model", MODEL, "--p99-ms", "1", "--quick", "--concurrency", "1:1:1", "--repeats", "1", check=False
+    )
     assert done.returncode == 1
     message = done.stdout + done.stderr
     assert f"no configuration of {MODEL} kept p99 within 1 ms" in message
@@ -156,3 +158,47 @@ def test_a_tune_needs_a_deployment(tmp_path):
         assert done.returncode == 1 and "nothing is deployed: run `fab deploy` first" in done.stderr
     finally:
         lab.fab("teardown", "--purge", check=False)
+
+
+def test_a_winner_that_does_not_beat_the_deployed_configuration_when_measured_again_is_not_recommended(deployed):
+    """Under the server scenario with a single rate to search (20 requests/s, well below what every
+    candidate serves here), every candidate sustains that rate: the search cannot tell them apart and
+    settles on max_batch_size 4 (a tie counts as no worse). Measured again beside the deployed
+    configuration, 3 times each, it shows no lead beyond the noise: the tune says so and best.json
+    holds the deployed settings, so deploying it changes nothing."""
+    before, before_text = served(deployed), deployed_file(deployed).read_text()
+    deployed.extra_env["FABRIC_LAB_BENCH_QUICK_REQUEST_RATE_RANGE"] = "20:20:1"
+    try:
+        done = deployed.fab(
+            "tune", "--model", MODEL, "--p99-ms", "5000", "--quick", "--scenario", "server", "--batch-sizes", "4"
+        )
+    finally:
+        del deployed.extra_env["FABRIC_LAB_BENCH_QUICK_REQUEST_RATE_RANGE"]
+    folder = tune_folder(done.stdout)
+    best = json.loads((folder / "best.json").read_text())
+
+    assert "each candidate measured 3 times, its median kept" in done.stdout
+    assert best["measurements_per_candidate"] == 3
+    assert best["rejected"]["settings"]["max_batch_size"] == 4, "the search settled on another configuration"
+    assert best["recommended"] is False and best["settings"] == best["deployed"]["settings"]
+    assert best["settings"]["max_batch_size"] == before["max_batch_size"]
+    again = best["measured_again"]
+    assert again["best"]["request_rate"] == again["deployed"]["request_rate"] == 20
+    assert again["best"]["median_of"] == again["deployed"]["median_of"] == 3
+    assert again["best"]["spread"] == again["deployed"]["spread"] == [20, 20]
+    verdict = next(line for line in done.stdout.splitlines() if line.startswith("not recommended: "))
+    assert "did not beat the deployed configuration (20 requests/s sustained" in verdict
+    assert "beyond the noise (by more than 5%, every measurement of it above every one of the deployed's)" in verdict
+    assert "fab deploy --models-from" not in done.stdout
+    rows = list(csv.DictReader((folder / "candidates.csv").open()))
+    assert all(row["median_of"] == "3" and row["host_load_max"] and row["cores"] for row in rows)
+    for number in {row["candidate"] for row in rows}:  # each candidate's three measurements, files of their own
+        measured = folder / "measurements" / f"{int(number):02d}" / "hosts" / "local"
+        assert sorted(path.name for path in measured.glob("*.csv")) == [f"{MODEL}-{k}.csv" for k in (1, 2, 3)]
+    report = (folder.parent / "report.md").read_text()
+    assert "Each candidate was measured 3 times back to back" in report
+    assert "**Not recommended: measured again side by side" in report
+
+    # The tune's answer is the deployed configuration: deploying it changes nothing.
+    deployed.fab("deploy", "--models-from", str(folder / "best.json"))
+    assert served(deployed) == before and deployed_file(deployed).read_text() == before_text

@@ -7,7 +7,7 @@ and how it picks the best within the budget.
 
 from __future__ import annotations
 
-from provision.tune import VALUES, Candidate, grid_size, search, values_to_try
+from provision.tune import VALUES, Candidate, confirmed, grid_size, search, values_to_try
 
 BASELINE = {
     "max_batch_size": 16,
@@ -177,3 +177,34 @@ def test_a_winner_that_loses_the_side_by_side_measurement_is_not_recommended_and
     assert stays["verdict"].startswith("not recommended: measured again side by side, the best (not measured: no stable")
     summary.update(stays, measured_again={"best": None, "deployed": figures(again[1].best_row(100))})
     assert "Measured again, side by side: the best not measured, the deployed 33.3 infer/s (p99 90.0 ms at concurrency 4)." in report_section(summary, [unmeasured], None)
+
+
+def measured(number: int, settings: dict, throughputs: list[float], budget_ms: float = 100) -> Candidate:
+    """A candidate measured once per throughput given (each measurement one row at concurrency 4)."""
+    candidate = Candidate(number, settings)
+    row = {"concurrency": 4, "p50_us": 50e3, "p95_us": 80e3, "p99_us": 90e3}
+    candidate.keep_median([[{**row, "throughput": value}] for value in throughputs], budget_ms)
+    return candidate
+
+
+def test_a_candidate_is_worth_the_median_of_its_measurements_and_its_figures_are_that_measurements_own():
+    candidate = measured(1, {"max_batch_size": 4}, [48.0, 61.5, 52.0])
+    assert candidate.score(100) == 52.0 and candidate.rows[0]["throughput"] == 52.0
+    assert candidate.spread() == (48.0, 61.5)
+    assert "52.0 infer/s (median of 3: 48.0 to 61.5), p99 90.0 ms at concurrency 4" in candidate.describe(100)
+    assert candidate.figures(100, candidate.best_row(100))["spread"] == [48.0, 61.5]
+    assert measured(2, {}, [40.0, 50.0]).score(100) == 40.0, "an even count: the lower middle one"
+    assert measured(3, {}, [44.0]).spread() is None and "median" not in measured(3, {}, [44.0]).describe(100)
+    # A measurement with no row within the budget is worth 0 and takes its place in the order.
+    over = {"concurrency": 4, "p50_us": 50e3, "p95_us": 80e3, "p99_us": 900e3, "throughput": 99.0}
+    candidate = Candidate(4, {})
+    candidate.keep_median([[over], [over], [{**over, "p99_us": 90e3}]], 100)
+    assert candidate.score(100) == 0 and candidate.best_row(100) is None
+
+
+def test_a_lead_is_beyond_the_noise_only_when_the_medians_differ_by_5_percent_and_the_spreads_do_not_overlap():
+    deployed = measured(1, {"max_batch_size": 16}, [50.0, 52.0, 51.0])
+    assert confirmed([measured(2, {"max_batch_size": 4}, [56.0, 57.0, 58.0]), deployed], 100)
+    overlapping = measured(3, {"max_batch_size": 4}, [51.5, 57.0, 58.0])  # median 10 % up, one measurement below 52
+    assert not confirmed([overlapping, deployed], 100)
+    assert not confirmed([measured(4, {"max_batch_size": 4}, [53.0, 53.0, 53.5]), deployed], 100), "2 % up"

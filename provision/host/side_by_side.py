@@ -5,7 +5,8 @@
 plan.json: [{"name": "food_classifier-c2", "runs": [[args...], [args...]]}, ...]. The runs of
 a group start together and the group ends when the last one does; then the next group
 starts. Each run's output goes to <name>-<k>.log (k from 1) in the current folder.
-report.json: [{"name", "wall_s", "runs": [{"rc", "cpu_s"}]}], cpu_s being the run's own user
+report.json: [{"name", "wall_s", "load", "runs": [{"rc", "cpu_s"}]}], load being the host's 1-minute
+load average as the group ended and its cores ({"load_average", "cores"}), cpu_s the run's own user
 plus system CPU time (os.wait4): a client whose cpu_s is close to wall_s kept a core busy
 and may have been the bottleneck (`fab bench --cluster` runs its perf_analyzer clients so).
 
@@ -40,8 +41,15 @@ def run_group(program: str, name: str, runs: list[list[str]], folder: Path) -> d
     return {
         "name": name,
         "wall_s": round(time.monotonic() - started, 3),
+        "load": host_load(),
         "runs": [finished[number] for number in sorted(finished)],
     }
+
+
+def host_load() -> dict:
+    """The host's 1-minute load average now and the cores this process may use (as bench.yml records them)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"load_average": round(os.getloadavg()[0], 2), "cores": cores}
 
 
 def main() -> None:
