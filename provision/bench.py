@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from provision import cluster as clusters
 from provision import cluster_report, runtimes
@@ -29,13 +30,17 @@ from provision.measure import (
     git_commit,
     input_encoding,
     lease_for,
+    leave_a_copy_on_the_hosts,
     measurement_id,
     now,
     perf_runs,
 )
-from provision.perf import SCENARIOS, PerfRun, concurrency_levels, fresh_csv, over_the_limit, unstable_reason
+from provision.perf import SCENARIOS, concurrency_levels, fresh_csv, over_the_limit, unstable_reason
 from provision.report import write_report
 from provision.state import Host
+
+if TYPE_CHECKING:  # loaded from client_scripts/perf_run.py when first used (provision/perf.py)
+    from provision.perf import PerfRun
 
 
 class BenchError(OperationError):
@@ -107,6 +112,7 @@ def bench(
             run.path, balancer.name, nodes, _cluster_clients(settings, state), levels, models
         )
         cluster_report.write(run, summary)
+    leave_a_copy_on_the_hosts(measurement, failure, say)
     _raise_if_stopped(run, failure, partial, measured_models, lease, quick)
     return run.path
 

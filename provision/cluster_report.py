@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from provision import perf
 from provision.config import client_script
 from provision.measure import RunFolder
-from provision.perf import parse_csv
 
 # A client that kept more than this share of a core busy may itself have limited the throughput.
 CLIENT_BUSY_SHARE = 0.8
@@ -51,7 +51,7 @@ def summarize(
         rows = []
         for level in levels:
             measured = [results / "cluster" / client_csv(model, level, k) for k in range(1, clients + 1)]
-            client_rows = [parse_csv(path)[0] for path in measured if path.exists()]
+            client_rows = [perf.parse_csv(path)[0] for path in measured if path.exists()]
             row = {
                 "concurrency_per_node": level,
                 "in_flight": level * clients,
@@ -71,7 +71,7 @@ def summarize(
 
 def _by_level(csv_file: Path) -> dict[int, float]:
     """{concurrency: throughput} of a node measured alone ({} if it could not be measured)."""
-    return {row["concurrency"]: row["throughput"] for row in parse_csv(csv_file)} if csv_file.exists() else {}
+    return {row["concurrency"]: row["throughput"] for row in perf.parse_csv(csv_file)} if csv_file.exists() else {}
 
 
 def _efficiency(rows: list[dict], alone: dict[str, dict[int, float]]) -> float | None:

@@ -16,20 +16,26 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from provision import cluster as clusters
-from provision import config, runtimes, sample_images, targets
+from provision import config, perf, runtimes, sample_images, targets
 from provision import state as state_module
-from provision.ansible import PlaybookError
+from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.errors import OperationError
 from provision.lease_guard import check_bench_fits, hours_to_extend
 from provision.model_repo import model_names
-from provision.perf import PerfRun, input_encodings, rate_search_steps
+from provision.perf import input_encodings, rate_search_steps
+
+if TYPE_CHECKING:  # loaded from client_scripts/perf_run.py when first used (provision/perf.py)
+    from provision.perf import PerfRun
 
 
 def run_folder():
@@ -134,7 +140,7 @@ def perf_runs(
     Poisson arrival rate whose p99 stays within it (else closed-loop, over the concurrency range).
     """
     return [
-        PerfRun(
+        perf.PerfRun(
             model=model,
             url=url,
             metrics_url=metrics_url,
@@ -240,6 +246,22 @@ class Measurement:
             "lab_input_image": str(self.run.input_image),
             "lab_bench_input_encoding": self.encoding,
         }
+
+
+def leave_a_copy_on_the_hosts(measurement: Measurement, failure: PlaybookError | None, say) -> None:
+    """The finished run (partial ones too) on each host measured, where the profiling notebook looks
+    (playbooks/share_run.yml); not after Ctrl-C. A host that cannot take it is named, the bench goes on:
+    the controller's copy is the record."""
+    if isinstance(failure, PlaybookInterrupted):
+        return
+    run = measurement.run
+    with tempfile.TemporaryDirectory() as folder:
+        archive = shutil.make_archive(str(Path(folder) / run.id), "gztar", run.path.parent, run.id)
+        variables = {"lab_hosts": measurement.state.deploy["hosts"], "lab_run_id": run.id, "lab_run_archive": archive}
+        try:
+            run_playbook("share_run.yml", variables, lambda line: None, limit=",".join(measurement.hosts))
+        except PlaybookError as error:
+            say(f"warning: the run was not copied to the hosts for the notebook ({failure_reason(error)})")
 
 
 # --------------------------------------------------------------------------- the lease

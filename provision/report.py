@@ -20,13 +20,13 @@ import json
 import shlex
 from pathlib import Path
 
-from provision import server_report
+from provision import perf, server_report
 from provision.config import client_script
 from provision.measure import RunFolder
 from provision.model_repo import gpu_variants
-from provision.perf import concurrency_levels, host_load, parse_csv, unstable_reason
+from provision.perf import concurrency_levels, host_load, unstable_reason
 
-# The units of a row's "gpus" entries (provision.perf.GPU_COLUMNS: as perf_analyzer writes them).
+# The units of a row's "gpus" entries (client_scripts/perf_run.py's GPU_COLUMNS: as perf_analyzer writes them).
 GPU_UNITS = {
     "utilization": "fraction of time busy, 0..1, averaged over the measurement windows",
     "power_w": "watts, averaged over the measurement windows",
@@ -60,7 +60,7 @@ PUBLISHED_COUNTERPART = {
 def _load_host(folder: Path) -> dict:
     facts_file = folder / "host.json"
     facts = json.loads(facts_file.read_text()) if facts_file.exists() else {}
-    models = {csv.stem: parse_csv(csv) for csv in sorted(folder.glob("*.csv"))}
+    models = {csv.stem: perf.parse_csv(csv) for csv in sorted(folder.glob("*.csv"))}
     configs = {c.stem: c.name for c in sorted((folder / "configs").glob("*.pbtxt"))}
     # The load each measurement ended under (bench.yml's "host load" line in its log).
     logs = {log.stem: host_load(log.read_text(errors="replace")) for log in sorted(folder.glob("*.log"))}

@@ -40,13 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from provision import interrupts
+from provision import interrupts, perf
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted, run_playbook
 from provision.errors import OperationError
 from provision.measure import Measurement, RunFolder, failure_reason, git_commit, lease_for, playbook_run, run_folder
 from provision.model_repo import RenderValues, model_names, render_config, tunable_settings
-from provision.perf import concurrency_levels, fresh_csv, host_load, parse_csv, unstable_reason
+from provision.perf import concurrency_levels, fresh_csv, host_load, unstable_reason
 
 # The order in which the settings are searched: the ones that decide the most first.
 DIMENSIONS = ("instance_count", "max_batch_size", "preferred_batch_size", "max_queue_delay_us", "gpus")
@@ -324,7 +324,7 @@ class Tune:
             text = log.read_text(errors="replace") if log.exists() else ""
             csv_file = fresh_csv(host / run.csv_path.name, log, f"{measurement}/{k}")
             if csv_file:
-                measured.append((parse_csv(csv_file), host_load(text)))
+                measured.append((perf.parse_csv(csv_file), host_load(text)))
             else:
                 reason = unstable_reason(text) or reason
         if not measured:

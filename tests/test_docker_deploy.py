@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import tritonclient.http as triton_http
 from food11 import FOOD11_LABELS
+from support import notebooks
 from support.observing import changed_tasks, http_status, only_model_touched, served_instance_counts
 from support.serving import APIS, classify, inference_count, post_image, status_once
 
@@ -79,6 +80,16 @@ def ours() -> dict[str, list[str]]:
         "networks": docker("network", "ls", "--quiet", "--filter", f"name=^{PROJECT}$").split(),
         "images": docker("images", "--quiet", f"{PROJECT}/*").split(),
     }
+
+
+def notebook_in_the_jupyter_container(container: str) -> str:
+    """profiling.ipynb executed in the API and Jupyter container, as Jupyter would run it there: what it showed."""
+    docker(
+        "exec", "--env", "PROFILE_MODELS=food_classifier", "--workdir", "/app/client_scripts", container,
+        *notebooks.NBCONVERT, "profiling.ipynb", "--output-dir", "/tmp/executed",
+    )  # fmt: skip
+    text, _ = notebooks.outputs(json.loads(docker("exec", container, "cat", "/tmp/executed/profiling.ipynb")))
+    return text
 
 
 # The whole life of a docker deployment in one test (builds, deploys, bench, tune, three more deploys):
@@ -131,6 +142,15 @@ def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab,
     assert summary["models"] and all(row["throughput"] > 0 for rows in summary["models"].values() for row in rows)
     assert all(f"-u triton:{lab.ports['triton_http']}" in command for command in summary["commands"].values())
     assert (results / "report.md").exists()
+    # A copy of the run is on the host, in the folder the Jupyter container mounts: the notebook, executed
+    # there top to bottom (nbconvert: nbclient), opens it and profiles a model itself against Triton's container.
+    assert (deploy_dir / "results" / results.name / "summary.json").exists()
+    text = notebook_in_the_jupyter_container(api)
+    assert f"opening /app/results/{results.name}" in text
+    assert f"profiling food_classifier at concurrency 1:2:1 against triton:{lab.ports['triton_http']}" in text
+    assert "### food_classifier, profiled here" in text and "| concurrency | client send |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| food_classifier | "))
+    assert int(row.split("|")[2]) > 0, "Triton counted the profile's requests"
 
     # Nothing changed: nothing reported, no image built, no container restarted.
     before = {name: started_at(name) for name in (triton, api)}

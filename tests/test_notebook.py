@@ -18,6 +18,7 @@ import nbformat
 import pytest
 import tritonclient.http as triton_http
 from nbclient import NotebookClient
+from support import notebooks
 from support.serving import bench_run, classify
 
 from provision import config, sample_images
@@ -65,10 +66,12 @@ def measured(run: Path, model: str) -> set[int]:
 
 
 def execute(results: Path, monkeypatch, **env: str) -> tuple[str, int]:
-    """Run the notebook in a fresh kernel; (its text and markdown output, how many PNGs it showed); raises on any cell error."""
+    """Run the notebook in a fresh kernel; (its text and markdown output, how many PNGs it showed); raises on
+    any cell error. It profiles nothing unless `env` says what (PROFILE_MODELS, TRITON_URL, PERF_ANALYZER)."""
     monkeypatch.setenv("RESULTS_ROOT", str(results))
     for name in ("RESULTS_DIR", "COMPARE_DIR"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PROFILE_MODELS", "none")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
@@ -76,14 +79,7 @@ def execute(results: Path, monkeypatch, **env: str) -> tuple[str, int]:
     NotebookClient(
         notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
     ).execute()
-    texts, images = [], 0
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            texts.append(output.get("text", ""))
-            data = output.get("data", {})
-            texts.append(data.get("text/markdown", ""))
-            images += "image/png" in data
-    return "\n".join(texts), images
+    return notebooks.outputs(notebook)
 
 
 def test_the_results_follow_the_bench_format(results):
@@ -172,3 +168,43 @@ def test_the_notebook_opens_a_server_scenario_run_and_does_not_compare_it_with_a
     assert "no second run" in text, "the closed-loop runs before it are not its kind"
     text, _ = execute(root, monkeypatch, COMPARE_DIR="20260102-120000-local")
     assert "not compared: the runs measured different scenarios" in text and "| A infer/s" not in text
+
+
+def profile_env(triton_server, triton_runtime, **env: str) -> dict:
+    """What Jupyter's environment holds on a host (provision.host.process_runtime): the Triton beside it,
+    perf_analyzer and its libraries; and which models to profile."""
+    libraries = perf_analyzer_env(triton_runtime.root, {})["LD_LIBRARY_PATH"]
+    return {
+        "TRITON_URL": f"{triton_server.host}:{triton_server.http_port}",
+        "PERF_ANALYZER": str(Path(sys.executable).parent / "perf_analyzer"),
+        "LD_LIBRARY_PATH": libraries,
+        **env,
+    }
+
+
+def test_the_notebook_profiles_the_models_itself_as_fab_bench_does(results, triton_server, triton_runtime, monkeypatch):
+    text, _ = execute(
+        results, monkeypatch, **profile_env(triton_server, triton_runtime, PROFILE_MODELS="batching_food_classifier")
+    )
+    url = f"{triton_server.host}:{triton_server.http_port}"
+    assert f"profiling batching_food_classifier at concurrency 1:2:1 against {url}" in text
+    section = text.split("### batching_food_classifier, profiled here", 1)[1]
+    assert "| concurrency | infer/s | p50 ms | p90 ms | p95 ms | p99 ms | avg ms |" in section
+    assert "| 1 | " in section and "| 2 | " in section, "both levels measured"
+    assert "| concurrency | client send | network + server send/recv | queue |" in section, "the report's split"
+    # fab bench's own command line, with the opened run's windows (windows of 8 requests: support.serving).
+    assert f"perf_analyzer: `{Path(sys.executable).parent / 'perf_analyzer'} -m batching_food_classifier -u {url}" in section
+    assert "--measurement-mode count_windows --measurement-request-count 8 --stability-percentage 999" in section
+    statistics = section.split("/v2/models/<model>/stats", 1)[1]
+    row = next(line for line in statistics.splitlines() if line.startswith("| batching_food_classifier |"))
+    requests, failed, executions = (int(cell) for cell in row.split("|")[2:5])
+    assert requests > 0 and failed == 0 and 0 < executions <= requests, row
+
+
+def test_the_notebook_profiles_where_no_run_has_been_benched_yet(tmp_path, triton_server, triton_runtime, monkeypatch):
+    empty = tmp_path / "results"
+    empty.mkdir()
+    text, _ = execute(empty, monkeypatch, **profile_env(triton_server, triton_runtime, PROFILE_MODELS="food_classifier"))
+    assert "no benchmark run here yet" in text
+    assert "### food_classifier, profiled here" in text and "| food_classifier | " in text
+    assert "--measurement-request-count 20" in text, "short windows of its own"

@@ -18,9 +18,11 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from food11 import FOOD11_LABELS
+from support import notebooks
 from support.lab import Lab, new_lab, our_processes
 from support.observing import changed_tasks, http_status, only_model_touched, printed_lines, served_instance_counts
 from support.serving import post_image
@@ -138,6 +140,29 @@ def check_ssh_errors_stop_the_tunnel(lab: Lab) -> None:
     assert "Host key verification failed" in refused.stderr
 
 
+def check_the_notebook_where_jupyter_runs(deploy_dir: Path, run: Path, status: str, out: Path) -> None:
+    """profiling.ipynb executed by the deployed Jupyter's Python (nbconvert: nbclient), in the folder Jupyter
+    serves and with its environment as the process runtime gave it: it opens the run benched on this host
+    and profiles food_classifier against the deployed Triton."""
+    pid = re.search(r"jupyter: healthy \(pid (\d+)\)", status).group(1)
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+    python = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    folder = deploy_dir / "client_scripts"
+    done = subprocess.run(
+        [python, "-m", *notebooks.NBCONVERT, "profiling.ipynb", "--output-dir", str(out)],
+        cwd=folder, env={**env, "PROFILE_MODELS": "food_classifier"}, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    text, images = notebooks.executed(out / "profiling.ipynb")
+    assert f"opening {run}" in text, "the run benched on this host, found from Jupyter's folder"
+    assert images >= 3, "the run's plots"
+    assert f"profiling food_classifier at concurrency 1:2:1 against {env['TRITON_URL']}" in text
+    assert "### food_classifier, profiled here" in text and "| concurrency | client send |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| food_classifier | "))
+    assert int(row.split("|")[2]) > 0, "Triton counted the profile's requests"
+
+
 def service_pids(lab: Lab) -> dict:
     status = lab.fab("status").stdout
     return {name: re.search(rf"{name}: .*?\(pid (\d+)\)", status).group(1) for name in ("tritonserver", "api")}
@@ -229,6 +254,13 @@ def test_the_whole_pipeline(target, lab, tmp_path, sshd):
     assert base64.b64decode(entry["INPUT_IMAGE"]["b64"])[4:] == (results / "input.jpg").read_bytes()
     for plot in ("throughput.png", "latency.png"):
         assert (results / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A copy of the run stays on the host, where its notebook looks; on the local target the notebook runs
+    # there top to bottom, in Jupyter's folder and environment, and profiles a model itself.
+    copy = deploy_dir / "results" / results.name
+    assert (copy / "summary.json").read_bytes() == (results / "summary.json").read_bytes()
+    assert (copy / "report.md").exists() and (copy / "throughput.png").exists()
+    if target == "local":
+        check_the_notebook_where_jupyter_runs(deploy_dir, copy, status, tmp_path / "executed")
     # The report's command, pasted as it is: the same measurement again, by hand.
     pasted = re.search(r"again by hand, from the project folder: `fab perf ('perf_analyzer -m food_classifier [^`]+)`",
                        report).group(1)  # fmt: skip

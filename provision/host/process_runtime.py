@@ -42,7 +42,7 @@ from provision.host.background import (
     processes,
 )
 from provision.host.layout import TOKEN_FILE, http_json, run_dir
-from provision.host.tritonserver import TritonError, TritonProcess, TritonRuntime, install
+from provision.host.tritonserver import TritonError, TritonProcess, TritonRuntime, install, perf_analyzer_env
 
 SERVICES = ("triton", "api", "jupyter")
 
@@ -182,9 +182,11 @@ class JupyterService:
         return command
 
     def environment(self) -> dict:
-        env = dict(os.environ)
+        # The notebook profiles the models itself: perf_analyzer of the serving virtualenv, with its libraries.
+        env = perf_analyzer_env(self.config.home / "triton", dict(os.environ))
         env["JUPYTER_TOKEN"] = self.token()
         env["TRITON_URL"] = f"{self.config.bind_address}:{self.config.ports['triton_http']}"
+        env["PERF_ANALYZER"] = str(Path(self.config.serving_python).parent / "perf_analyzer")
         return env
 
     def healthy(self) -> bool:
