@@ -149,7 +149,8 @@ class Candidate:
         if found is None:
             return None
         spread = self.spread()
-        return {**found, "median_of": len(self.worths), **({"spread": list(spread)} if spread else {})}
+        spread = [round(value, 2) for value in spread] if spread else None
+        return {**found, "median_of": len(self.worths), **({"spread": spread} if spread else {})}
 
 
 def score_of(rows: list[dict], budget_ms: float) -> float:
@@ -628,8 +629,8 @@ def _csv_row(candidate: Candidate, budget_ms: float) -> dict:
         "meets_budget": candidate.best_row(budget_ms) is not None,
         **(figures(candidate.reported_row(budget_ms)) or {}),
         "median_of": len(candidate.worths) or "",
-        "spread_low": spread[0] if spread else "",
-        "spread_high": spread[1] if spread else "",
+        "spread_low": round(spread[0], 2) if spread else "",
+        "spread_high": round(spread[1], 2) if spread else "",
         "host_load_max": highest["load_average"] if highest else "",
         "cores": highest["cores"] if highest else "",
     }
