@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 
 from provision import perf
-from provision.config import client_script
 from provision.measure import RunFolder
+from provision.measure import run_folder as run_folder_format
 
 # A client that kept more than this share of a core busy may itself have limited the throughput.
 CLIENT_BUSY_SHARE = 0.8
@@ -136,7 +136,7 @@ def markdown(summary: dict) -> str:
 
 def _busy_balancer(summary: dict) -> list[str]:
     """The levels measured while the balancer's host was busy (run_folder.busy): their figures may be low."""
-    run_folder = client_script("run_folder")
+    run_folder = run_folder_format()
     busy = [
         f"{model} at {row['concurrency_per_node']} ({run_folder.load_words(row['balancer_host_load'])})"
         for model, figures in summary["models"].items()

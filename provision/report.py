@@ -23,6 +23,7 @@ from pathlib import Path
 from provision import perf, server_report
 from provision.config import client_script
 from provision.measure import RunFolder
+from provision.measure import run_folder as run_folder_format
 from provision.model_repo import gpu_variants
 from provision.perf import concurrency_levels, host_load, unstable_reason
 
@@ -429,14 +430,14 @@ def _load_line(summary: dict, model: str, host_name: str) -> list[str]:
     load = (summary["hosts"][host_name].get("load") or {}).get(model)
     if not load:
         return []
-    run_folder = client_script("run_folder")
+    run_folder = run_folder_format()
     busy = " (**busy**: above its cores, the figures may be low)" if run_folder.busy(load) else ""
     return ["", f"Host load as the measurement ended: {run_folder.load_words(load)}{busy}."]
 
 
 def _busy_warning(summary: dict) -> list[str]:
     """The warning over a report whose measurements ran on a busy host (run_folder.busy), naming them."""
-    run_folder = client_script("run_folder")
+    run_folder = run_folder_format()
     busy = run_folder.busy_measurements(summary)
     if not busy:
         return []

@@ -107,9 +107,8 @@ class Candidate:
         return (min(self.worths), max(self.worths)) if len(self.worths) > 1 else None
 
     def spread_words(self) -> str:
-        """ "median of 3: 48.1 to 53.3" (or "" for one measurement), and the measurements that had no stable window."""
-        spread = self.spread()
-        words = f"median of {len(self.worths)}: {spread[0]:.1f} to {spread[1]:.1f}" if spread else ""
+        """spread_words() of its measurements, and those that had no stable window."""
+        words = spread_words(len(self.worths), self.spread())
         if self.missed:
             words += f"{'; ' if words else ''}{self.missed} more with no stable measurement"
         return words
@@ -135,7 +134,7 @@ class Candidate:
 
     def describe(self, budget_ms: float) -> str:
         row = self.reported_row(budget_ms)
-        spread = f" ({self.spread_words()})" if self.spread_words() else ""
+        spread = f" ({words})" if (words := self.spread_words()) else ""
         figures = (
             f"{worth_words(row)}{spread}, p99 {row['p99_us'] / 1000:.1f} ms at {load(row)}"
             if row
@@ -143,7 +142,7 @@ class Candidate:
         )
         return f"{format_settings(self.settings)}: {figures}"
 
-    def figures(self, budget_ms: float, row: dict | None) -> dict | None:
+    def figures(self, row: dict | None) -> dict | None:
         """figures(row), with how many measurements the median was of and their spread (best.json)."""
         found = figures(row)
         if found is None:
@@ -151,6 +150,16 @@ class Candidate:
         spread = self.spread()
         spread = [round(value, 2) for value in spread] if spread else None
         return {**found, "median_of": len(self.worths), **({"spread": spread} if spread else {})}
+
+
+    def highest_load(self) -> dict | None:
+        """The highest host load any of its measurements ended under (None: not recorded)."""
+        return max(self.loads, key=lambda load: load["load_average"], default=None)
+
+
+def spread_words(median_of: int, spread) -> str:
+    """ "median of 3: 48.1 to 53.3"; "" without a spread (one measurement)."""
+    return f"median of {median_of}: {spread[0]:.1f} to {spread[1]:.1f}" if spread else ""
 
 
 def score_of(rows: list[dict], budget_ms: float) -> float:
@@ -259,7 +268,6 @@ class Tune:
     deployed_text: str = ""  # the deployed config.pbtxt, fetched first, put back last
 
     def __post_init__(self):
-        self.server_p99_ms = self.budget_ms if self.server else 0  # perf_analyzer's latency bound (0: closed loop)
         self.host = self.state.hosts[0].name
         self.run = RunFolder.create(self.settings, self.state.target, [], kind="tune")
         self.results = self.run.path
@@ -272,6 +280,11 @@ class Tune:
             "lab_tune_model": self.model,
             "lab_tune_deployed": str(self.folder / "deployed.pbtxt"),
         }
+
+    @property
+    def server_p99_ms(self) -> float:
+        """perf_analyzer's latency bound: the budget under the server scenario, 0 under the closed loop."""
+        return self.budget_ms if self.server else 0
 
     def repeats_words(self) -> str:
         if self.repeats == 1:
@@ -340,11 +353,11 @@ class Tune:
             )
         return measured
 
-    def restore(self, deployed_text: str) -> None:
+    def restore(self) -> None:
         """Put the deployed config back, load it, end the bench on the host (its folder removed)."""
         self.playbook(
             self.folder / "measurements" / "restored",
-            lab_tune_config=deployed_text,
+            lab_tune_config=self.deployed_text,
             lab_bench_runs={},
             lab_bench_prepare=False,
         )
@@ -464,7 +477,7 @@ def _search_then_measure_again(
         # Also after Ctrl-C: the deployment serves what it served before.
         with interrupts.refused("putting the deployed configuration back first"):
             say("putting the deployed configuration back")
-            job.restore(job.deployed_text)
+            job.restore()
     return candidates, settled, again
 
 
@@ -523,7 +536,7 @@ def _deployed_stays(summary: dict, again: list[Candidate], budget_ms: float) -> 
     best, deployed = again
     def measured(candidate: Candidate) -> str:
         row = candidate.reported_row(budget_ms)
-        spread = f"; {candidate.spread_words()}" if candidate.spread_words() else ""
+        spread = f"; {words}" if (words := candidate.spread_words()) else ""
         return f"{worth_words(row)}{spread}" if row else f"not measured: {candidate.error}"
 
     noise = f"by more than {MIN_GAIN:.0%}" + (
@@ -539,7 +552,7 @@ def _deployed_stays(summary: dict, again: list[Candidate], budget_ms: float) -> 
         "verdict": verdict,
         "rejected": {"settings": summary["settings"], "measured": summary["measured"]},
         "settings": summary["deployed"]["settings"],
-        "measured": deployed.figures(budget_ms, deployed.reported_row(budget_ms)),
+        "measured": deployed.figures(deployed.reported_row(budget_ms)),
     }
 
 
@@ -587,11 +600,11 @@ def _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, v
         "scenario": "server" if job.server_p99_ms else "closed_loop",
         "load": job.load_words(),
         "settings": winner.settings if winner else None,
-        "measured": winner.figures(p99_ms, winner.best_row(p99_ms)) if winner else None,
-        "deployed": {"settings": baseline, **(candidates[0].figures(p99_ms, candidates[0].best_row(p99_ms)) or {})},
+        "measured": winner.figures(winner.best_row(p99_ms)) if winner else None,
+        "deployed": {"settings": baseline, **(candidates[0].figures(candidates[0].best_row(p99_ms)) or {})},
         "measured_again": {
-            "best": again[0].figures(p99_ms, again[0].reported_row(p99_ms)),
-            "deployed": again[1].figures(p99_ms, again[1].reported_row(p99_ms)),
+            "best": again[0].figures(again[0].reported_row(p99_ms)),
+            "deployed": again[1].figures(again[1].reported_row(p99_ms)),
         }
         if again
         else None,
@@ -614,15 +627,14 @@ def _busy(candidates: list[Candidate]) -> list[dict]:
     for candidate in candidates:
         over = [load for load in candidate.loads if busy(load)]
         if over:
-            highest = max(over, key=lambda load: load["load_average"])
-            found.append({"candidate": candidate.number, "measurements": len(over), "load": highest})
+            found.append({"candidate": candidate.number, "measurements": len(over), "load": candidate.highest_load()})
     return found
 
 
 def _csv_row(candidate: Candidate, budget_ms: float) -> dict:
     """A candidate's line of candidates.csv: its settings, its median measurement's figures, their spread, its load."""
     spread = candidate.spread()
-    highest = max(candidate.loads, key=lambda load: load["load_average"], default=None)
+    highest = candidate.highest_load()
     return {
         "candidate": candidate.number,
         **{name: json.dumps(value) if isinstance(value, list) else value for name, value in candidate.settings.items()},
@@ -683,10 +695,9 @@ def _worth_ms(figures: dict) -> str:
     return f"{figures['throughput']:.1f} infer/s"
 
 
-def _spread_words(figures: dict) -> str:
-    """ " (median of 3: 48.1 to 53.3)" from a candidate's figures in best.json; "" for one measurement."""
-    spread = figures.get("spread")
-    return f" (median of {figures['median_of']}: {spread[0]:.1f} to {spread[1]:.1f})" if spread else ""
+def _spread_of(figures: dict) -> str:
+    """spread_words() of a candidate's figures in best.json."""
+    return spread_words(figures.get("median_of", 1), figures.get("spread"))
 
 
 def _measured_again(summary: dict) -> list[str]:
@@ -698,7 +709,7 @@ def _measured_again(summary: dict) -> list[str]:
     def words(figures: dict | None) -> str:  # None: that re-measurement gave no row
         if not figures:
             return "not measured"
-        spread = _spread_words(figures).strip(" ()")
+        spread = _spread_of(figures)
         return f"{_worth_ms(figures)} ({spread + '; ' if spread else ''}p99 {figures['p99_ms']:.1f} ms at {load(figures)})"
 
     ratio = f", {worth(best) / worth(deployed):.2f}x" if best and deployed and worth(deployed) else ""
@@ -793,9 +804,10 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         deployed = summary["deployed"]
         if summary.get("rejected"):
             measured = summary["rejected"]["measured"]
+        spread = f" ({_spread_of(measured)})" if _spread_of(measured) else ""
         lines += [
             f"Best: {format_settings((summary.get('rejected') or summary)['settings'])}: **{_worth_ms(measured)}**"
-            f"{_spread_words(measured)} at {load(measured)}, p99 {measured['p99_ms']:.1f} ms"
+            f"{spread} at {load(measured)}, p99 {measured['p99_ms']:.1f} ms"
             + (
                 f" (the deployed configuration: {_worth_ms(deployed)} within the budget, "
                 f"{worth(measured) / worth(deployed):.2f}x)."

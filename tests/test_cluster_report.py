@@ -68,6 +68,19 @@ def test_the_report_says_whether_a_client_was_busy_enough_to_be_the_bottleneck(t
     assert "kept 95% of a core busy" in busy and "it may have limited the cluster's figures" in busy
 
 
+def test_a_level_whose_clients_ended_on_a_busy_balancer_host_is_flagged(tmp_path):
+    folder = bench_folder(tmp_path)
+    report = json.loads((folder / "cluster/side_by_side_report.json").read_text())
+    report[0]["load"] = {"load_average": 0.5, "cores": 2}
+    report[1]["load"] = {"load_average": 4.5, "cores": 2}
+    (folder / "cluster/side_by_side_report.json").write_text(json.dumps(report))
+    summary = cluster_report.summarize(folder, "node-1", NODES, 2, [2, 4], ["food_classifier"])
+    assert summary["models"]["food_classifier"]["levels"][1]["balancer_host_load"] == {"load_average": 4.5, "cores": 2}
+    text = cluster_report.markdown(summary)
+    assert "> **BUSY HOST**: the balancer's host ran its clients under a load average above its cores: " in text
+    assert "food_classifier at 4 (load average 4.50 on 2 cores)" in text and "food_classifier at 2 " not in text
+
+
 def test_a_level_a_client_could_not_measure_has_no_aggregate(tmp_path):
     folder = bench_folder(tmp_path)
     (folder / "cluster" / cluster_report.client_csv("food_classifier", 4, 2)).unlink()

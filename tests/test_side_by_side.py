@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,5 @@ def test_runs_of_a_group_go_side_by_side_and_report_their_own_cpu_time(tmp_path)
     assert [run["rc"] for run in idle["runs"]] == [0, 3]
     assert idle["runs"][0]["cpu_s"] < 0.2  # sleeping costs no CPU
     assert (tmp_path / "busy-1.log").read_text() == "done\n" and (tmp_path / "busy-2.log").exists()
+    # Each group records the host's load as it ended, as bench.yml does for a measurement.
+    assert busy["load"]["cores"] == len(os.sched_getaffinity(0)) and busy["load"]["load_average"] >= 0

@@ -192,7 +192,7 @@ def test_a_candidate_is_worth_the_median_of_its_measurements_and_its_figures_are
     assert candidate.score(100) == 52.0 and candidate.rows[0]["throughput"] == 52.0
     assert candidate.spread() == (48.0, 61.5)
     assert "52.0 infer/s (median of 3: 48.0 to 61.5), p99 90.0 ms at concurrency 4" in candidate.describe(100)
-    assert candidate.figures(100, candidate.best_row(100))["spread"] == [48.0, 61.5]
+    assert candidate.figures(candidate.best_row(100))["spread"] == [48.0, 61.5]
     assert measured(2, {}, [40.0, 50.0]).score(100) == 40.0, "an even count: the lower middle one"
     assert measured(3, {}, [44.0]).spread() is None and "median" not in measured(3, {}, [44.0]).describe(100)
     # A measurement with no row within the budget is worth 0 and takes its place in the order.
