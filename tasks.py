@@ -19,12 +19,12 @@ from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from provision import config, flags, hosts, interrupts, inventory, lock, pipeline, targets
+from provision import config, flags, hosts, interrupts, inventory, lock, path_settings, pipeline, targets
 from provision import state as state_module
 from provision.ansible import PlaybookError, PlaybookInterrupted
 from provision.errors import LabError, UsageError
 from provision.measure import results_root
-from provision.model_repo import model_names, read_tuned
+from provision.model_repo import NOT_BENCHMARKED, benchmarked_models, read_tuned
 from provision.pipeline import INTERRUPTED
 from provision.tune import VALUES
 
@@ -257,10 +257,12 @@ def bench(c, quick=False, model=None, cluster=False, scenario="closed_loop", p99
     from provision.bench import bench as run_bench
     from provision.bench import scenario_bound
 
-    flags.models(model or [], model_names())
+    flags.models(model or [], benchmarked_models(), not_offered=NOT_BENCHMARKED)
     bound = scenario_bound(scenario, float(p99_ms))
+    settings = _settings(c)
+    path_settings.check_results(settings)
     results = run_bench(
-        _settings(c), _state(), models=model or None, quick=quick, say=print, cluster=cluster, server_p99_ms=bound
+        settings, _state(), models=model or None, quick=quick, say=print, cluster=cluster, server_p99_ms=bound
     )
     print(f"results: {results}")
     print(f"report: {results / 'report.md'}")
@@ -313,18 +315,20 @@ def tune(
         raise flags.FlagError("--model is required: the model to tune, e.g. --model batching_food_classifier")
     if p99_ms == "":
         raise flags.FlagError("--p99-ms is required: the latency budget, a p99 in milliseconds, e.g. --p99-ms 100")
-    flags.models([model], model_names())
+    flags.models([model], benchmarked_models(), not_offered=NOT_BENCHMARKED)
     budget = flags.positive_number(p99_ms, "--p99-ms", "milliseconds")
     concurrency = flags.concurrency_range(concurrency) if concurrency else ""
     sizes = flags.positive_integers(batch_sizes, "--batch-sizes") if batch_sizes else None
     gpus = int(flags.positive_number(max_gpus, "--max-gpus", "GPUs")) if max_gpus not in (0, "0", "") else None
     server = check_scenario(scenario) == "server"
     count = int(flags.positive_number(repeats, "--repeats", "measurements")) if repeats not in (0, "0", "") else 0
+    settings = _settings(c)
+    path_settings.check_results(settings)
     try:
         # SIGTERM too becomes KeyboardInterrupt: the tune puts the deployed configuration back either way.
         with interrupts.handled():
             results = run_tune(
-                _settings(c), _state(), model, budget, quick=quick, max_gpus=gpus,
+                settings, _state(), model, budget, quick=quick, max_gpus=gpus,
                 concurrency=concurrency, batch_sizes=sizes, say=lambda line: print(line, flush=True),  # live, also piped
                 server=server, repeats=count,
             )  # fmt: skip
@@ -389,6 +393,9 @@ def run(
     """
     sys.stdout, sys.stderr = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
     targets.check_nothing_provisioned(state_module.load())
+    # The user's own paths, before anything is made: a missing weights file is not a failed deploy.
+    path_settings.check_weights(_settings(c))
+    path_settings.check_results(_settings(c))
     stages = {
         "provision": lambda: provision(c, **provision_flags, wait_for_start=True),  # a lease booked ahead
         "deploy": lambda: deploy(c, cluster=cluster, lb_node=lb_node),
@@ -587,6 +594,18 @@ def show_config(c):
     found = config.levels(Path(__file__).resolve().parent, getattr(c.config, "_runtime_path", None))
     for line in config.explain(merged, found):
         print(line)
+    chosen = "<- LAB_STATE_FILE" if os.environ.get("LAB_STATE_FILE") else "(the default; LAB_STATE_FILE moves it)"
+    print(f"state file: {state_module.state_file()}    {chosen}")
+
+
+def help_asked_of_a_positional_task(argv: list[str]) -> list[str] | None:
+    """`fab ... TASK -h|--help` for a task with positional arguments (compare, perf), as the command line
+    that shows its help (`fab ... --help TASK`); None for any other command line."""
+    positional = {name for name, body in ns.tasks.items() if body.positional}
+    for at, word in enumerate(argv[:-1]):
+        if word in positional and argv[at + 1] in ("-h", "--help"):
+            return [*argv[:at], "--help", word]
+    return None
 
 
 # The tasks, with the `lab` defaults as their collection's configuration: Invoke ranks that below

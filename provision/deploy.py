@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision import cluster as clusters
-from provision import config, firewall, runtimes, targets
+from provision import config, firewall, path_settings, runtimes, targets
 from provision import state as state_module
 from provision.ansible import PlaybookResult, run_playbook
 from provision.host.layout import LIB_DIR
@@ -143,6 +143,7 @@ def deploy(
     a deployed cluster stays one.
     """
     check_tuned(settings)  # a wrong lab.models.tuned stops here, before any host is touched
+    path_settings.check_deploy(settings, serving_pins(settings, state)[0])  # so does a weights file not there
     plan = clusters.plan(state, balancer) if cluster or balancer or clusters.of(state) else {}
     staged = stage_bundle(settings, state)
     variables = extravars(settings, state, plan) | {

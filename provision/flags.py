@@ -40,7 +40,11 @@ def positive_integers(value: str, flag: str) -> list[int]:
     return [int(part) for part in parts]
 
 
-def models(names: list[str], known: list[str], flag: str = "--model") -> list[str]:
+def models(names: list[str], known: list[str], flag: str = "--model", not_offered: dict | None = None) -> list[str]:
+    """The models named, each one of `known`; `not_offered`: {model: why the task does not take it}."""
+    for name in names:
+        if name in (not_offered or {}):
+            raise FlagError(f"{flag} {name}: not measured: {not_offered[name]}")
     unknown = [name for name in names if name not in known]
     if unknown:
         raise FlagError(f"{flag} {', '.join(unknown)}: no such model; the models are {', '.join(known)}")

@@ -125,6 +125,19 @@ def model_names(source: Path = MODEL_REPOSITORY) -> list[str]:
     )
 
 
+# The models whose inputs are more than the one image that perf_analyzer's input file holds: fab bench and
+# fab tune do not offer them, and say why and what to measure instead.
+NOT_BENCHMARKED = {
+    "conditional_captioning": "it takes a FOOD_LABEL beside its image, which the bench does not send; "
+    "--model ensemble measures it, captioning each image conditioned on its predicted label",
+}
+
+
+def benchmarked_models(source: Path = MODEL_REPOSITORY) -> list[str]:
+    """The models fab bench and fab tune measure: those whose one input is the image."""
+    return [name for name in model_names(source) if name not in NOT_BENCHMARKED]
+
+
 def _render(model: str, values: RenderValues, source: Path, seen: list[dict]) -> str:
     """Render one model's template; the settings its tuning(...) call returned are appended to `seen`."""
     environment = jinja2.Environment(

@@ -99,16 +99,27 @@ def finish_run(
     ending.partial = mark_unfinished(settings, runs_before, ending.message)
     ending.torn_down = "kept (--keep): `fab teardown` removes it"
     keep = keep or _waits_for_its_lease(ending, release_lease, say)
-    if not keep:
+    if not keep and _nothing_provisioned():
+        ending.torn_down = "never made: nothing was provisioned, so there is nothing to tear down"
+    elif not keep:
         say("== fab run: teardown")
         try:
             teardown()
             ending.torn_down = "torn down"
         except Exit as error:
-            ending.torn_down = f"teardown failed: {error.message}; run `fab teardown` again"
+            ending.torn_down = f"not torn down: the teardown failed ({error.message}); run `fab teardown` again"
             ending.code = ending.code or 1
     _tell(ending, say)
     return ending
+
+
+def _nothing_provisioned() -> bool:
+    """Whether no state is recorded (a provision that failed before it made anything); a state file
+    that cannot be read counts as provisioned: the teardown says what is wrong with it."""
+    try:
+        return state_module.load() is None
+    except state_module.StateError:
+        return False
 
 
 def mark_unfinished(settings: dict, runs_before: set[Path], message: str) -> list[measure.RunFolder]:

@@ -114,7 +114,8 @@ class Candidate:
         return words
 
     def within(self, budget_ms: float) -> list[dict]:
-        return [row for row in self.rows if row["p99_us"] <= budget_ms * 1000]
+        """Its rows that count within the budget (counts(): a Poisson rate also sent and answered)."""
+        return [row for row in self.rows if counts(row, budget_ms)]
 
     def best_row(self, budget_ms: float) -> dict | None:
         """The row worth the most within the budget (worth()); None: none is within it."""
@@ -163,19 +164,26 @@ def spread_words(median_of: int, spread) -> str:
 
 
 def score_of(rows: list[dict], budget_ms: float) -> float:
-    """What one measurement is worth: its best row within the budget (worth()), 0 where none is within."""
-    return max((worth(row) for row in rows if row["p99_us"] <= budget_ms * 1000), default=0.0)
+    """What one measurement is worth: its best row within the budget (worth()), 0 where none is within.
+    A Poisson rate counts only where it was sent on schedule and answered (perf.shortfall), as in fab bench."""
+    return max((worth(row) for row in rows if counts(row, budget_ms)), default=0.0)
+
+
+def counts(row: dict, budget_ms: float) -> bool:
+    if "request_rate" in row:
+        return perf.shortfall(row, budget_ms) is None
+    return row["p99_us"] <= budget_ms * 1000
 
 
 def worth(row: dict) -> float:
-    """What a configuration is worth at one row: the Poisson rate it sustained (the server scenario's rows),
-    else the throughput of the closed loop."""
-    return row["request_rate"] if "request_rate" in row else row["throughput"]
+    """What a configuration is worth at one row: its throughput. Of the server scenario's rows, that is the
+    Poisson rate sent and answered (perf_analyzer's schedule may carry less than the rate asked: perf.py)."""
+    return row["throughput"]
 
 
 def worth_words(row: dict) -> str:
     if "request_rate" in row:
-        return f"{row['request_rate']:g} requests/s sustained ({row['throughput']:.1f} infer/s answered)"
+        return f"{row['throughput']:.1f} requests/s sent and answered (asked: {row['request_rate']:g}/s)"
     return f"{row['throughput']:.1f} infer/s"
 
 
@@ -338,7 +346,7 @@ class Tune:
             text = log.read_text(errors="replace") if log.exists() else ""
             csv_file = fresh_csv(host / run.csv_path.name, log, f"{measurement}/{k}")
             if csv_file:
-                measured.append((perf.parse_csv(csv_file), host_load(text)))
+                measured.append((perf.with_rate_facts(perf.parse_csv(csv_file), text), host_load(text)))
             else:
                 reason = unstable_reason(text) or reason
         if not measured:
@@ -691,7 +699,7 @@ def write_results(job: Tune, candidates: list[Candidate], summary: dict) -> None
 def _worth_ms(figures: dict) -> str:
     """worth_words() of a row as the results give it (figures())."""
     if "request_rate" in figures:
-        return f"{figures['request_rate']:g} requests/s sustained"
+        return f"{figures['throughput']:.1f} requests/s sent and answered"
     return f"{figures['throughput']:.1f} infer/s"
 
 
@@ -756,7 +764,7 @@ def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
     axes.plot(*zip(*frontier), color="C0", marker="o", label="Pareto front")
     axes.axvline(budget_ms, color="C3", linestyle="--", label=f"p99 budget {budget_ms:g} ms")
     server = any("request_rate" in row for c in candidates for row in c.rows)
-    ylabel = "sustained rate (requests/s, Poisson arrivals)" if server else "throughput (infer/s)"
+    ylabel = "sustained rate (requests/s sent and answered, Poisson)" if server else "throughput (infer/s)"
     axes.set(xlabel="p99 latency (ms)", ylabel=ylabel, title=f"fab tune: {what}")
     axes.set_xlim(left=0)
     axes.set_ylim(bottom=0)

@@ -16,6 +16,7 @@ from support.fake_openstack import NODE_ADDRESSES, PUBLIC_KEY, FakeOpenStack, SS
 from support.observing import printed_lines
 from support.sshd import start_sshd
 
+from provision.config import PROJECT_ROOT
 from provision.host.background import free_ports
 
 
@@ -78,6 +79,25 @@ def test_provision_status_extend_teardown(lab, cloud):
     assert cloud.held() == {"leases": 0, "servers": 0, "floatingips": 0}
     assert lab.state() is None
 
+
+
+def test_make_demo_leaves_a_chameleon_node_the_user_provisioned(lab, cloud):
+    """`make demo` ends with a teardown, so it runs as a user of its own (state, folders, ports): a student's
+    node on Chameleon, provisioned before, is still there after it, and so is the state that records it."""
+    lab.fab("provision", "--target", "chameleon")
+    recorded = lab.state_file.read_text()
+    missing = lab.root / "nowhere" / "food11.pth"  # the demo stops at its deploy, then tears down its own
+    demo = subprocess.run(
+        [sys.executable, "-m", "provision.demo"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+        env=lab.env() | {"FABRIC_LAB_FOOD11_WEIGHTS": str(missing)},
+    )  # fmt: skip
+    assert demo.returncode != 0
+    assert f"lab.food11_weights (FABRIC_LAB_FOOD11_WEIGHTS) is {missing}: no such file" in demo.stderr
+    assert "Traceback" not in demo.stderr
+    assert "teardown complete" in demo.stdout, "the demo's own provision is released"
+    assert cloud.held() == {"leases": 1, "servers": 1, "floatingips": 1}
+    assert lab.state_file.read_text() == recorded
+    assert "teardown complete" in lab.fab("teardown").stdout
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_while_the_server_builds_says_what_exists_and_how_to_go_on(lab, cloud, stop):

@@ -121,3 +121,13 @@ def test_an_interrupted_deploy_continues_and_tears_down(lab, tmp_path):
     assert "teardown complete" in lab.fab("teardown").stdout
     assert our_processes(tmp_path / "deploy-local") == []
     assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
+
+
+def test_a_missing_weights_file_stops_deploy_before_any_host_is_touched(lab, tmp_path):
+    lab.fab("provision", "--target", "local")
+    missing = tmp_path / "nowhere" / "food11.pth"
+    done = lab.fab("deploy", check=False, env=lab.env() | {"FABRIC_LAB_FOOD11_WEIGHTS": str(missing)})
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"error: lab.food11_weights (FABRIC_LAB_FOOD11_WEIGHTS) is {missing}: no such file"
+    assert lab.state()["deploy"] == {}, "nothing was deployed, nothing is recorded as begun"
+    lab.fab("teardown")

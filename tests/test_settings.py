@@ -103,3 +103,9 @@ def test_the_tests_own_labs_are_unchanged(tmp_path):
     lab = new_lab(tmp_path)  # FABRIC_LAB_* as every other test sets them
     output = lab.fab("config").stdout
     assert shown(output) == f"{lab.ports['triton_http']}    <- environment (FABRIC_LAB_*)"
+
+
+def test_fab_config_names_the_state_file_in_use(tmp_path):
+    lab = new_lab(tmp_path)
+    shown_lines = lab.fab("config").stdout.splitlines()
+    assert f"state file: {lab.state_file}    <- LAB_STATE_FILE" in shown_lines

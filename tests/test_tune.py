@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -161,13 +162,13 @@ def test_a_tune_needs_a_deployment(tmp_path):
 
 
 def test_a_winner_that_does_not_beat_the_deployed_configuration_when_measured_again_is_not_recommended(deployed):
-    """Under the server scenario with a single rate to search (20 requests/s, well below what every
-    candidate serves here), every candidate sustains that rate: the search cannot tell them apart and
-    settles on max_batch_size 4 (a tie counts as no worse). Measured again beside the deployed
-    configuration, 3 times each, it shows no lead beyond the noise: the tune says so and best.json
-    holds the deployed settings, so deploying it changes nothing."""
+    """Under the server scenario with a single rate to search (8 requests/s, well below what every
+    candidate serves here, so perf_analyzer sends it on schedule), every candidate sustains what that
+    rate sends: the search cannot tell them apart beyond the noise and settles on max_batch_size 4.
+    Measured again beside the deployed configuration, 3 times each, it shows no lead beyond the noise:
+    the tune says so and best.json holds the deployed settings, so deploying it changes nothing."""
     before, before_text = served(deployed), deployed_file(deployed).read_text()
-    deployed.extra_env["FABRIC_LAB_BENCH_QUICK_REQUEST_RATE_RANGE"] = "20:20:1"
+    deployed.extra_env["FABRIC_LAB_BENCH_QUICK_REQUEST_RATE_RANGE"] = "8:8:1"
     try:
         done = deployed.fab(
             "tune", "--model", MODEL, "--p99-ms", "5000", "--quick", "--scenario", "server", "--batch-sizes", "4"
@@ -183,11 +184,11 @@ def test_a_winner_that_does_not_beat_the_deployed_configuration_when_measured_ag
     assert best["recommended"] is False and best["settings"] == best["deployed"]["settings"]
     assert best["settings"]["max_batch_size"] == before["max_batch_size"]
     again = best["measured_again"]
-    assert again["best"]["request_rate"] == again["deployed"]["request_rate"] == 20
+    assert again["best"]["request_rate"] == again["deployed"]["request_rate"] == 8
     assert again["best"]["median_of"] == again["deployed"]["median_of"] == 3
-    assert again["best"]["spread"] == again["deployed"]["spread"] == [20, 20]
+    assert len(again["best"]["spread"]) == len(again["deployed"]["spread"]) == 2
     verdict = next(line for line in done.stdout.splitlines() if line.startswith("not recommended: "))
-    assert "did not beat the deployed configuration (20 requests/s sustained" in verdict
+    assert re.search(r"did not beat the deployed configuration \([0-9.]+ requests/s sent and answered", verdict)
     assert "beyond the noise (by more than 5%, every measurement of it above every one of the deployed's)" in verdict
     assert "fab deploy --models-from" not in done.stdout
     rows = list(csv.DictReader((folder / "candidates.csv").open()))

@@ -101,13 +101,18 @@ SERVER_ROWS = [  # the server scenario's rows: the Poisson rates perf_analyzer's
 ]
 
 
-def test_with_the_server_scenario_a_candidate_is_worth_its_highest_rate_within_the_budget():
+def test_with_the_server_scenario_a_candidate_is_worth_the_highest_rate_sent_and_answered_within_the_budget():
     candidate = Candidate(1, {"max_batch_size": 8}, SERVER_ROWS)
-    assert candidate.score(200) == 8.0 and candidate.best_row(200)["request_rate"] == 8.0
+    assert candidate.score(200) == 7.5 and candidate.best_row(200)["request_rate"] == 8.0
     assert candidate.score(50) == 0, "no rate within 50 ms"
     assert candidate.describe(200) == (
-        "max_batch_size 8: 8 requests/s sustained (7.5 infer/s answered), p99 150.0 ms at 8 requests/s (Poisson)"
+        "max_batch_size 8: 7.5 requests/s sent and answered (asked: 8/s), p99 150.0 ms at 8 requests/s (Poisson)"
     )
+
+
+def test_a_rate_perf_analyzer_sent_late_is_worth_nothing_to_a_tune():
+    late = [{**SERVER_ROWS[1], "delayed_percent": 40.0, "send_rate": 6.0}]
+    assert Candidate(1, {"max_batch_size": 8}, late).score(200) == 0
 
 
 def test_the_server_scenario_s_tune_report_says_rates_not_concurrencies():
@@ -123,11 +128,11 @@ def test_the_server_scenario_s_tune_report_says_rates_not_concurrencies():
     }  # fmt: skip
     text = report_section(summary, [deployed, best], None)
     assert "Budget: p99 <= 200 ms (server scenario: Poisson arrivals, rates 1:32:1 searched)" in text
-    assert "**8 requests/s sustained** at 8 requests/s (Poisson), p99 150.0 ms" in text
-    assert "(the deployed configuration: 4 requests/s sustained within the budget, 2.00x)" in text
+    assert "**7.5 requests/s sent and answered** at 8 requests/s (Poisson), p99 150.0 ms" in text
+    assert "(the deployed configuration: 3.9 requests/s sent and answered within the budget, 1.92x)" in text
     assert "| 2 | max_batch_size 8 | yes | 8 requests/s (Poisson) | 7.5 |" in text
     (axes,) = pareto_figure([deployed, best], 200, "x").axes
-    assert axes.get_ylabel() == "sustained rate (requests/s, Poisson arrivals)"
+    assert axes.get_ylabel() == "sustained rate (requests/s sent and answered, Poisson)"
 
 
 def test_the_quick_load_reaches_every_batch_size_it_searches_or_the_size_is_left_out_saying_why():
