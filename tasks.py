@@ -544,8 +544,10 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
     print(f"compared {len(runs)} runs over {len(written['rows'])} model/concurrency pair(s)")
     print(
         "differ in: "
-        + ("; ".join(differing) if differing else "nothing recorded (commit, versions, hardware, configs)")
+        + ("; ".join(differing) if differing else "nothing: the same commit, versions, hardware and deployed configs")
     )
+    quick = compare_runs.quick_runs(runs)
+    indicative = f" (indicative: {', '.join(quick)} used the quick profile)" if quick else ""
     for measurement in written["busy"]:
         print(
             f"BUSY HOST {measurement['run']}: {measurement['model']} on {measurement['host']} measured under "
@@ -562,6 +564,7 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
         print(
             f"REGRESSION {found['run']}: {found['model']} c={found['concurrency']} {found['figure']} "
             f"x{found['ratio']:.2f}{grew}{' (measured on a busy host: may be the load)' if found['busy_host'] else ''}"
+            f"{indicative}"
         )
     print(f"report: {folder / 'compare.md'}")
     if fail_on_regression and written["regressions"]:

@@ -318,7 +318,7 @@ def markdown(runs: list[dict], threshold: float = DEFAULT_THRESHOLD, plot: str |
         ]
         lines.append("")
     found = regressions(runs, rows, threshold)
-    quick = [run["run_id"] for run in runs if (run.get("profile") or {}).get("name") == "quick"]
+    quick = quick_runs(runs)
     lines += ["## Regressions", ""]
     lines.append(
         f"Threshold: throughput down, or p99 up, by more than {threshold:.0%} against run A "
@@ -355,12 +355,26 @@ def _busy_lines(runs: list[dict], names: list[str]) -> list[str]:
     ]
 
 
+def quick_runs(runs: list[dict]) -> list[str]:
+    """The ids of the runs measured with the quick profile (any windows accepted: their flags are indicative)."""
+    return [run["run_id"] for run in runs if (run.get("profile") or {}).get("name") == "quick"]
+
+
 def plot(runs: list[dict], path: Path) -> Path:
-    """compare.png: throughput and p99 against concurrency, one panel each, a line per model and run."""
+    """compare.png: figure() saved."""
+    figure(runs).savefig(path, dpi=100)
+    return path
+
+
+def figure(runs: list[dict]):
+    """compare.png's figure: throughput and p99 against concurrency, one panel each, a line per model and run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # no pyplot: no backend to choose, in a notebook or not
 
-    figure = Figure(figsize=(12, 4.5))
+    figure = Figure(figsize=(13, 4.5))
+    FigureCanvasAgg(figure)  # a canvas that can lay it out (tight_layout) and draw it
     left, right = figure.subplots(1, 2)
+    levels_measured = set()
     models = sorted({m for run in runs for m in run["models"]})
     styles = ["-", "--", ":", "-."]
     for index, run in enumerate(runs):
@@ -369,6 +383,7 @@ def plot(runs: list[dict], path: Path) -> Path:
             if not measured:
                 continue
             levels = [row["concurrency"] for row in measured]
+            levels_measured.update(levels)
             style = dict(color=f"C{color}", linestyle=styles[index % len(styles)], marker="o")
             label = f"{chr(ord('A') + index)}: {model}"
             left.plot(levels, [row["throughput"] for row in measured], label=label, **style)
@@ -377,10 +392,10 @@ def plot(runs: list[dict], path: Path) -> Path:
     right.set(xlabel="concurrency", ylabel="p99 latency (ms)", title="p99 latency")
     for axes in (left, right):
         axes.grid(alpha=0.3)
-    left.legend(fontsize="small")
+        axes.set_xticks(sorted(levels_measured))  # the levels measured: whole numbers, never 1.5
+    right.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the lines, not over them
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    return path
+    return figure
 
 
 def write(runs: list[dict], out: Path, threshold: float = DEFAULT_THRESHOLD) -> dict:

@@ -180,7 +180,7 @@ def playbook_run(run: PerfRun, measurement: str, warm_up: bool = True) -> dict:
 def failure_reason(failure: PlaybookError) -> str:
     """A failed measurement's reason in one line: the failed measurement's, else the first failed task's."""
     message = failure.message_of(MEASUREMENT_FAILED) or next((text for _, _, text in failure.failures), str(failure))
-    return " ".join(message.split())  # one line: the partial report's reason
+    return " ".join(perf.without_usage(message).split())  # one line: the partial report's reason
 
 
 def input_encoding(settings: dict) -> str:

@@ -162,6 +162,16 @@ def write_input_json(path: Path, images: list[bytes], input_name: str = "INPUT_I
     return path
 
 
+# perf_analyzer answers a bad argument with one "Error: ..." line, then its usage: some 300 lines.
+_USAGE = re.compile(r"^Usage: \S*perf_analyzer \[options\]", re.M)
+
+
+def without_usage(text: str) -> str:
+    """perf_analyzer's output with its usage text cut off (its own error line is what says what is wrong)."""
+    found = _USAGE.search(text)
+    return text[: found.start()].rstrip() + "\n(perf_analyzer's usage text left out)" if found else text
+
+
 # What perf_analyzer says when it gives up on a level (it then measures no higher one).
 UNSTABLE = "Failed to obtain stable measurement"
 

@@ -23,6 +23,7 @@ from provision import cluster as clusters
 from provision import hosts as host_commands
 from provision import runtimes
 from provision.errors import UsageError
+from provision.perf import without_usage
 from provision.state import State
 
 URL_FLAGS = ("-u", "--url")
@@ -44,12 +45,19 @@ def arguments(line: str, triton: str) -> tuple[list[str], list[Path]]:
         if word.startswith("--url=") or (word.startswith("-u") and not word.startswith("--")):  # -uHOST:PORT
             index += 1
             continue
-        if word == "--input-data" and index + 1 < len(words) and Path(words[index + 1]).is_file():
+        if word == "--input-data" and index + 1 < len(words):
             local = Path(words[index + 1])
-            files.append(local)
-            result += [word, local.name]
-            index += 2
-            continue
+            if local.is_file():
+                files.append(local)
+                result += [word, local.name]
+                index += 2
+                continue
+            if local.suffix == ".json":  # the course's input.json, not made yet
+                raise UsageError(
+                    f"--input-data {local}: no such file here. Make one from a photo with "
+                    f"`python client_scripts/make_perf_input.py photo.jpg -o {local}` (the course's input.json, "
+                    "the image as base64 text: add --encoding base64), or give --input-data random"
+                )
         result.append(word)
         index += 1
     return ["-u", triton, *result], files
@@ -80,7 +88,7 @@ def run(state: State, line: str, node: str = "0", say: Callable[[str], None] = p
         done = host_commands.run(
             host, f"cd {shlex.quote(folder)} && LD_LIBRARY_PATH={libraries} {sudo}{shlex.join(command)}", timeout_s=3600
         )
-        say((done.stdout + done.stderr).rstrip())
+        say(without_usage(done.stdout + done.stderr).rstrip())
         return done.returncode
     finally:
         host_commands.run(host, f"rm -rf {shlex.quote(folder)}")

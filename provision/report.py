@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import textwrap
 from pathlib import Path
 
 from provision import perf, server_report
@@ -201,6 +202,41 @@ def throughput_vs_latency_figure(models: dict[str, list[dict]], title: str, on_c
     return figure
 
 
+# A panel title's width in characters: a panel is 4 inches wide, and a model's label on a CPU host
+# ("multigpu_food_classifier (on the CPU: no GPU on this host)") would run into the next panel's.
+PANEL_TITLE_CHARACTERS = 28
+
+
+def panel_title(text: str) -> str:
+    """A panel's title, wrapped to the panel's width."""
+    return textwrap.fill(text, PANEL_TITLE_CHARACTERS, break_long_words=False)
+
+
+def latency_figure(models: dict[str, list[dict]], title: str, on_cpu: list[str] = ()):
+    """latency.png's figure: a panel per model (own y scales: the ensemble is far slower), p50 to p99."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, panels = plt.subplots(1, max(len(models), 1), figsize=(4 * max(len(models), 1), 4.3), squeeze=False)
+    if not models:
+        _nothing_measured(panels[0][0])
+    for panel, (model, rows) in zip(panels[0], models.items()):
+        concurrency = [r["concurrency"] for r in rows]
+        for percentile in ("p50", "p90", "p95", "p99"):
+            panel.plot(concurrency, [r[f"{percentile}_us"] / 1000 for r in rows], marker=".", label=percentile)
+        panel.set(xlabel="concurrency", xticks=concurrency)
+        panel.set_title(panel_title(label(model, on_cpu)), fontsize="medium")
+        panel.grid(alpha=0.3)
+    panels[0][0].set_ylabel("latency (ms)")
+    if models:
+        panels[0][0].legend(fontsize="small")
+    figure.suptitle(f"Latency percentiles vs concurrency{title}")
+    figure.tight_layout()
+    return figure
+
+
 def _plots(
     results: Path, models: dict[str, list[dict]], title: str, on_cpu: list[str] = (), stamp: str = ""
 ) -> list[str]:
@@ -215,22 +251,7 @@ def _plots(
     _save(figure, results / "throughput.png", stamp)
     plt.close(figure)
 
-    figure, panels = plt.subplots(
-        1, max(len(models), 1), figsize=(4 * max(len(models), 1), 4), squeeze=False
-    )  # own y scales: the ensemble is far slower
-    if not models:
-        _nothing_measured(panels[0][0])
-    for panel, (model, rows) in zip(panels[0], models.items()):
-        concurrency = [r["concurrency"] for r in rows]
-        for percentile in ("p50", "p90", "p95", "p99"):
-            panel.plot(concurrency, [r[f"{percentile}_us"] / 1000 for r in rows], marker=".", label=percentile)
-        panel.set(title=label(model, on_cpu), xlabel="concurrency", xticks=concurrency)
-        panel.grid(alpha=0.3)
-    panels[0][0].set_ylabel("latency (ms)")
-    if models:
-        panels[0][0].legend(fontsize="small")
-    figure.suptitle(f"Latency percentiles vs concurrency{title}")
-    figure.tight_layout()
+    figure = latency_figure(models, title, on_cpu)
     _save(figure, results / "latency.png", stamp)
     plt.close(figure)
     plots = ["throughput.png", "latency.png"]
@@ -299,9 +320,8 @@ def _split_plot(results: Path, models: dict[str, list[dict]], title: str, plt, s
             heights = [r["split_us"].get(name, 0) / 1000 for r in rows]
             panel.bar(positions, heights, bottom=bottom, label=words)
             bottom = [b + h for b, h in zip(bottom, heights)]
-        panel.set(
-            title=model, xlabel="concurrency", xticks=list(positions), xticklabels=[r["concurrency"] for r in rows]
-        )
+        panel.set(xlabel="concurrency", xticks=list(positions), xticklabels=[r["concurrency"] for r in rows])
+        panel.set_title(panel_title(model), fontsize="medium")
         panel.grid(alpha=0.3, axis="y")
     panels[0][0].set_ylabel("average latency (ms)")
     panels[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -103,8 +103,9 @@ class Candidate:
         self.worths = worths
 
     def spread(self) -> tuple[float, float] | None:
-        """The lowest and highest worth of its measurements; None: measured fewer than twice."""
-        return (min(self.worths), max(self.worths)) if len(self.worths) > 1 else None
+        """The lowest and highest worth of its measurements, to 0.01 as every output gives them (one rounding,
+        so the report and best.json cannot disagree in the last digit); None: measured fewer than twice."""
+        return (round(min(self.worths), 2), round(max(self.worths), 2)) if len(self.worths) > 1 else None
 
     def spread_words(self) -> str:
         """spread_words() of its measurements, and those that had no stable window."""
@@ -176,9 +177,11 @@ def counts(row: dict, budget_ms: float) -> bool:
 
 
 def worth(row: dict) -> float:
-    """What a configuration is worth at one row: its throughput. Of the server scenario's rows, that is the
-    Poisson rate sent and answered (perf_analyzer's schedule may carry less than the rate asked: perf.py)."""
-    return row["throughput"]
+    """What a configuration is worth at one row: its throughput, to 0.1 infer/s as the report gives it
+    (differences below that are no difference: two configurations that answered perf_analyzer's same
+    Poisson schedule alike are a tie). Of the server scenario's rows, that is the Poisson rate sent and
+    answered (perf_analyzer's schedule may carry less than the rate asked: perf.py)."""
+    return round(row["throughput"], 1)
 
 
 def worth_words(row: dict) -> str:
@@ -449,8 +452,17 @@ def tune(
     baseline = tunable_settings(model, values)
     if host_gpus == 0:
         baseline.pop("gpus", None)  # CPU instances: no GPU count to choose
-    measure = _measuring(job, values, p99_ms, say)
-    candidates, settled, again = _search_then_measure_again(job, measure, baseline, values_tried, gpu_count, say)
+    measuring, measured = _measuring(job, values, p99_ms, say), []
+
+    def measure(candidate_settings: dict) -> Candidate:
+        measured.append(candidate := measuring(candidate_settings))
+        return candidate
+
+    try:
+        candidates, settled, again = _search_then_measure_again(job, measure, baseline, values_tried, gpu_count, say)
+    except (KeyboardInterrupt, PlaybookInterrupted):  # Ctrl-C, SIGTERM: what was measured is kept
+        write_interrupted(job, measured, "interrupted")
+        raise
     winner = settled if settled.score(p99_ms) > 0 else None
     summary = _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, values_tried, gpu_count)
     summary.update(wall_s=round(time.monotonic() - started, 1), batch_sizes_left_out=left_out or None)
@@ -624,6 +636,7 @@ def _summary(job, state, profile, p99_ms, candidates, winner, again, baseline, v
         "busy_measurements": _busy(candidates + again),
         "configurations_in_grid": grid_size(baseline, values_tried, gpu_count),
         "git": git_commit(),
+        "smoke_weights": bool(state.deploy.get("smoke_weights")),
     }
 
 
@@ -754,8 +767,6 @@ def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
     axes.scatter(
         [p for p, _, _ in points], [t for _, t, _ in points], s=18, color="0.6", label="candidate x load"
     )
-    for p99, throughput, candidate in points:
-        axes.annotate(str(candidate.number), (p99, throughput), textcoords="offset points", xytext=(3, 3), fontsize=7)
     frontier, best_so_far = [], -1.0
     for p99, throughput, _ in sorted(points, key=lambda point: (point[0], -point[1])):
         if throughput > best_so_far:
@@ -771,7 +782,29 @@ def pareto_figure(candidates: list[Candidate], budget_ms: float, what: str):
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the points, not over them
     figure.tight_layout()
+    _number_points(axes, figure, points)  # last: where the labels fall depends on the final layout
     return figure
+
+
+def _number_points(axes, figure, points: list) -> None:
+    """Each point's candidate number beside it; points at one place share a label ("2, 5"), and a label
+    that would cover one drawn before moves up until it does not."""
+    at: dict[tuple, list[int]] = {}
+    for p99, throughput, candidate in points:
+        numbers = at.setdefault((round(p99, 1), round(throughput, 1)), [])
+        if candidate.number not in numbers:
+            numbers.append(candidate.number)
+    renderer = figure.canvas.get_renderer()
+    placed = []
+    for (p99, throughput), numbers in at.items():
+        label = axes.annotate(", ".join(map(str, numbers)), (p99, throughput), textcoords="offset points",
+                              xytext=(3, 3), fontsize=7)  # fmt: skip
+        for step in range(1, 12):
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            label.set_position((3, 3 + 7 * step))
+        placed.append(label.get_window_extent(renderer))
 
 
 def _pareto_plot(path: Path, candidates: list[Candidate], budget_ms: float, what: str = "") -> Path | None:
@@ -788,8 +821,18 @@ def _pareto_plot(path: Path, candidates: list[Candidate], budget_ms: float, what
 def report_section(summary: dict, candidates: list[Candidate], plot: Path | None) -> str:
     budget = summary["budget_p99_ms"]
     measured = summary["measured"]
-    lines = [
-        f"# fab tune: {summary['model']} on {summary['host']} ({summary['target']}, {summary['runtime']} runtime)",
+    lines = [f"# fab tune: {summary['model']} on {summary['host']} ({summary['target']}, {summary['runtime']} runtime)", ""]
+    if summary.get("smoke_weights"):  # as the bench's report says it
+        lines += [
+            "> **SMOKE WEIGHTS**: the models ran with randomly initialised weights. Throughput and latency",
+            "> are real; labels and captions are meaningless.",
+            "",
+        ]
+    git = summary.get("git") or {}
+    lines += [
+        f"- target: {summary['target']}, host: {summary['host']}, {summary['runtime']} runtime",
+        f"- profile: {summary['search']} ({summary.get('load') or 'concurrency ' + summary['concurrency_range']})",
+        f"- git commit: {git.get('commit')}{' (with uncommitted changes)' if git.get('dirty') else ''}",
         "",
         "## Tune",
         "",
@@ -830,23 +873,46 @@ def report_section(summary: dict, candidates: list[Candidate], plot: Path | None
         ]
     else:
         lines.append("**No configuration met the budget.** The closest are listed in tune/best.json.")
-    lines += [
-        "",
-        "| # | settings | within budget | load | infer/s | spread | p50 ms | p95 ms | p99 ms |",
+    lines += ["", *candidates_table(candidates, budget, (summary.get("deployed") or {}).get("settings"))]
+    if plot:
+        lines += ["", f"![throughput against p99](tune/{plot.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def candidates_table(candidates: list[Candidate], budget: float, deployed_settings: dict | None) -> list[str]:
+    """The report's table of every candidate measured, the deployed configuration marked."""
+    lines = [
+        "| # | settings | within budget | measured at | infer/s | spread | p50 ms | p95 ms | p99 ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for candidate in candidates:
         row = figures(candidate.reported_row(budget))
+        named = format_settings(candidate.settings) + (" (deployed)" if candidate.settings == deployed_settings else "")
         if row:
             lines.append(
-                f"| {candidate.number} | {format_settings(candidate.settings)} | {'yes' if candidate.best_row(budget) else 'no'} | "
+                f"| {candidate.number} | {named} | {'yes' if candidate.best_row(budget) else 'no'} | "
                 f"{load(row)} | {row['throughput']:.1f} | {candidate.spread_words() or '-'} | {row['p50_ms']:.1f} | "
                 f"{row['p95_ms']:.1f} | {row['p99_ms']:.1f} |"
             )
         else:
-            lines.append(
-                f"| {candidate.number} | {format_settings(candidate.settings)} | not measured: {candidate.error} | | | | | | |"
-            )
-    if plot:
-        lines += ["", f"![throughput against p99](tune/{plot.name})"]
-    return "\n".join(lines) + "\n"
+            lines.append(f"| {candidate.number} | {named} | not measured: {candidate.error} | | | | | | |")
+    return lines
+
+
+def write_interrupted(job: Tune, candidates: list[Candidate], why: str) -> None:
+    """What an interrupted tune measured: candidates.csv, and report.md marked partial (no recommendation)."""
+    job.folder.mkdir(parents=True, exist_ok=True)
+    with open(job.folder / "candidates.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, CSV_FIELDS)
+        writer.writeheader()
+        for candidate in candidates:
+            writer.writerow(_csv_row(candidate, job.budget_ms))
+    line = (
+        f"The tune stopped early ({why}) after {len(candidates)} candidate(s): no recommendation; "
+        "the deployed configuration was put back."
+    )
+    lines = [f"# fab tune: {job.model} on {job.host} (stopped early)", "", f"> **PARTIAL**: {line}", "",
+             f"Budget: p99 <= {job.budget_ms:g} ms ({job.load_words()}).", ""]  # fmt: skip
+    lines += candidates_table(candidates, job.budget_ms, candidates[0].settings if candidates else None)
+    (job.results / "report.md").write_text("\n".join(lines) + "\n")
+    RunFolder(job.results).mark_partial(line)

@@ -23,6 +23,7 @@ from support import fake_openstack
 from support.fake_openstack import NODE_ADDRESSES, PUBLIC_KEY, FakeOpenStack, SSHBanner
 
 from provision import state as state_module
+from provision.errors import UsageError
 from provision.targets import chameleon as target
 from provision.targets.chameleon.cloud import (
     ChameleonError,
@@ -434,7 +435,7 @@ def test_a_restricted_credential_is_named_when_blazar_answers_500(fake, settings
     with pytest.raises(ChameleonError) as caught:
         provision(settings)
     message = str(caught.value)
-    assert "HTTP 500" in message and "made without **Unrestricted**" in message
+    assert "HTTP 500" in message and "made without 'Unrestricted'" in message
     assert "Identity > Application Credentials" in message and "roles member and reader" in message
     assert fake.held() == ZERO
     release_from_file(settings)
@@ -725,6 +726,9 @@ def test_a_lease_that_cannot_be_used_gets_one_message_and_nothing_is_made(fake, 
     with pytest.raises(LeaseNotUsable, match=expected):
         provision(settings, {"lease": reference})
     assert lease_creates(fake) == [] and fake.held()["servers"] == 0
+    assert not [path for method, path in fake.requests if method == "POST" and path.endswith("/os-keypairs")], (
+        "the lease is checked before the key pair is uploaded"
+    )
     assert target.holds_nothing(state_module.load()), "nothing to release: the state is forgotten"
 
 
@@ -871,3 +875,9 @@ def test_a_start_in_the_past_or_malformed_is_refused_before_anything_is_made(fak
     with pytest.raises(ValueError, match=r'--start \'tomorrow\': use "YYYY-MM-DD HH:MM" \(your time zone\) or earliest'):
         provision(settings, {"start": "tomorrow"})
     assert creates(fake) == []
+
+
+def test_a_start_that_is_no_time_is_refused_before_the_cloud_is_asked(fake, settings):
+    with pytest.raises(UsageError, match=r"--start 'tomorrow': use \"YYYY-MM-DD HH:MM\" \(your time zone\) or earliest"):
+        provision(settings, {"start": "tomorrow"})
+    assert fake.requests == [], "not even the credentials were sent"

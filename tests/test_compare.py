@@ -99,7 +99,9 @@ def test_compare_shows_the_config_difference_the_ratios_and_the_regression(resul
     # The 200 ms queue delay at concurrency 1 is a throughput regression, named on the console and in
     # the report; --fail-on-regression makes it the exit code.
     assert b["throughput"] / a["throughput"] < 0.9, "the slow queue did not slow the run: the test proves nothing"
-    assert f"REGRESSION {RUN_B}: {MODEL} c=1 throughput x{b['throughput'] / a['throughput']:.2f}" in done.stdout
+    regression = next(line for line in done.stdout.splitlines() if line.startswith(f"REGRESSION {RUN_B}: {MODEL} c=1"))
+    assert regression.startswith(f"REGRESSION {RUN_B}: {MODEL} c=1 throughput x{b['throughput'] / a['throughput']:.2f}")
+    assert regression.endswith(f"(indicative: {RUN_A}, {RUN_B} used the quick profile)"), "as compare.md says"
     assert f"| {RUN_B} | {MODEL} | 1 | throughput | {b['throughput'] / a['throughput']:.2f}x |" in report
     # Where the time went: the queue, which the 200 ms delay lengthens, grew most (the split of each run).
     assert "## Where the latency changed" in report and "| server queue |" in report

@@ -91,7 +91,7 @@ def test_fab_compare_flags_a_run_measured_on_a_busy_host_and_its_regressions(tmp
 
     assert f"BUSY HOST {BUSY}: {MODEL} on local measured under load average 3.50 on 2 cores" in done.stdout
     regressions = [line for line in done.stdout.splitlines() if line.startswith("REGRESSION")]
-    assert regressions and all(line.endswith("(measured on a busy host: may be the load)") for line in regressions)
+    assert regressions and all("(measured on a busy host: may be the load)" in line for line in regressions)
     report = (tmp_path / "compare" / f"{QUIET}_vs_{BUSY}" / "compare.md").read_text()
     assert f"> **BUSY HOST**: measured under a load average above the host's cores: B: {MODEL} on local" in report
     assert "| **yes**: may be the load |" in report

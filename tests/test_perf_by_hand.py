@@ -25,6 +25,29 @@ def test_a_line_without_arguments_says_what_to_give():
         arguments("perf_analyzer", "h:1")
 
 
+def test_the_course_s_line_before_its_input_json_exists_says_how_to_make_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as refused:
+        arguments("perf_analyzer -u triton_server:8000 -m food_classifier --input-data input.json -b 1", "h:1")
+    assert str(refused.value).startswith("--input-data input.json: no such file here. Make one from a photo with ")
+    assert "client_scripts/make_perf_input.py photo.jpg -o input.json" in str(refused.value)
+    assert arguments("-m food_classifier --input-data random", "h:1")[0][-2:] == ["--input-data", "random"]
+
+
+def test_perf_analyzer_s_error_is_quoted_without_its_usage_text():
+    from provision.perf import without_usage
+
+    said = (
+        "Error: Failed to parse --measurement-request-count. Invalid value provided: abc\n"
+        "Usage: /usr/local/bin/perf_analyzer [options]\n==== SYNOPSIS ====\n \n\t--version \n\t-m <model name>\n"
+    )
+    assert without_usage(said) == (
+        "Error: Failed to parse --measurement-request-count. Invalid value provided: abc\n"
+        "(perf_analyzer's usage text left out)"
+    )
+    assert without_usage("Request Rate: 1\n") == "Request Rate: 1\n", "nothing else is cut"
+
+
 def test_the_report_s_command_pastes_as_a_fab_perf_line(tmp_path):
     from provision.report import by_hand
 

@@ -133,6 +133,13 @@ def test_ctrl_c_during_a_tune_puts_the_deployed_configuration_back(deployed):
     assert "putting the deployed configuration back" in output
     assert served(deployed) == before and deployed_file(deployed).read_text() == before_text
     assert "deploy complete: no changes" in deployed.fab("deploy").stdout
+    # What it had measured is kept: each candidate in candidates.csv, the report marked partial.
+    run = sorted(deployed.results_dir.glob("*-tune"))[-1]
+    numbers = [row["candidate"] for row in csv.DictReader((run / "tune" / "candidates.csv").open())]
+    assert numbers[:2] == ["1", "2"]
+    assert "> **PARTIAL**: The tune stopped early (interrupted)" in (run / "report.md").read_text()
+    assert "(deployed)" in (run / "report.md").read_text(), "the deployed configuration is marked"
+    assert (run / "PARTIAL.md").exists()
 
 
 @pytest.mark.parametrize(

@@ -131,8 +131,31 @@ def test_the_server_scenario_s_tune_report_says_rates_not_concurrencies():
     assert "**7.5 requests/s sent and answered** at 8 requests/s (Poisson), p99 150.0 ms" in text
     assert "(the deployed configuration: 3.9 requests/s sent and answered within the budget, 1.92x)" in text
     assert "| 2 | max_batch_size 8 | yes | 8 requests/s (Poisson) | 7.5 |" in text
+    assert "| 1 | max_batch_size 4 (deployed) | yes |" in text, "the deployed configuration is marked"
+    assert "| # | settings | within budget | measured at |" in text
+    assert "- target: local, host: local, process runtime" in text
     (axes,) = pareto_figure([deployed, best], 200, "x").axes
     assert axes.get_ylabel() == "sustained rate (requests/s sent and answered, Poisson)"
+
+
+def test_the_tune_report_has_the_bench_s_banner_and_one_rounding_of_the_spread():
+    from provision.tune import figures, report_section
+
+    best = Candidate(2, {"max_batch_size": 8}, SERVER_ROWS)
+    best.worths = [113.849, 113.851, 120.0]
+    summary = {
+        "model": "batching_food_classifier", "host": "local", "target": "local", "runtime": "process",
+        "budget_p99_ms": 200, "search": "quick", "concurrency_range": "2:4:2", "scenario": "closed_loop",
+        "settings": best.settings, "measured": {**figures(best.best_row(200)), "median_of": 3, "spread": list(best.spread())},
+        "deployed": {"settings": {"max_batch_size": 4}}, "measured_again": None, "configurations_measured": 1,
+        "configurations_in_grid": 4, "wall_s": 60, "smoke_weights": True, "git": {"commit": "abc", "dirty": False},
+    }  # fmt: skip
+    text = report_section(summary, [best], None)
+    assert "> **SMOKE WEIGHTS**" in text and "- git commit: abc" in text
+    assert best.spread() == (113.85, 120.0)
+    assert text.count("median of 3: 113.8 to 120.0") + text.count("median of 3: 113.9 to 120.0") == 2, (
+        "the report's two spreads of one candidate read alike"
+    )
 
 
 def test_the_quick_load_reaches_every_batch_size_it_searches_or_the_size_is_left_out_saying_why():

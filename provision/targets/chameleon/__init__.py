@@ -159,6 +159,8 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
     if nodes:
         cfg["node_count"] = len(nodes)
     runtime = choose_runtime("chameleon", settings, options.get("runtime") or "")
+    if options.get("start"):
+        _asked_start(options["start"])  # a --start that is no time is refused before the cloud is asked anything
     cloud = _cloud(cfg, say=say)  # first: missing credentials are the most likely problem, and name what to set
     public_key, private_key = _keys(cfg)
     recorded = state.chameleon if state is not None and state.target == "chameleon" else {}
@@ -188,11 +190,12 @@ def provision(settings: dict, options: dict, state: State | None, save: Save, sa
         )
 
     try:
+        # The lease asked for first: a name that is no lease of yours is said before anything is uploaded.
+        if asked_lease and not info["lease"].get("id"):
+            _adopt_lease(cloud, state, save, say, asked_lease)
         if cloud.ensure_keypair(info["key_name"], public_key):
             created.append(f"key pair {info['key_name']}")
             _say_step(say, f"uploaded your public key as key pair {info['key_name']}")
-        if asked_lease and not info["lease"].get("id"):
-            _adopt_lease(cloud, state, save, say, asked_lease)
         if options.get("start") and not info["lease"].get("id") and not info["lease"].get("start"):
             info["lease"]["start"] = _start_time(options["start"], cloud, info, cfg, say).isoformat()
             save(state)
@@ -326,7 +329,8 @@ def _start_time(asked: str, cloud: ChameleonCloud, info: dict, cfg: dict, say: S
     """--start: "YYYY-MM-DD HH:MM" in this machine's time zone, or "earliest" (the next free slot
     for the node type, count and hours, from Blazar's allocations); as an aware UTC time."""
     now = datetime.now(timezone.utc)
-    if asked.strip().lower() == "earliest":
+    start = _asked_start(asked)
+    if start is None:
         slot = cloud.next_free_slot(info["node_type"], info["node_count"], cfg["lease_hours"])
         if slot is None:
             raise UsageError(
@@ -338,12 +342,20 @@ def _start_time(asked: str, cloud: ChameleonCloud, info: dict, cfg: dict, say: S
         start = start.replace(second=0, microsecond=0) + timedelta(minutes=1 if start.second or start.microsecond else 0)
         _say_step(say, f"the earliest slot for {info['node_count']} x {info['node_type']}: {start:%Y-%m-%d %H:%M} UTC")
         return start
+    return start
+
+
+def _asked_start(asked: str) -> datetime | None:
+    """--start read alone: None for "earliest" (a slot the cloud names), else the time asked, in UTC;
+    UsageError for anything else, or for a time that is not in the future."""
+    if asked.strip().lower() == "earliest":
+        return None
     try:
         local = datetime.strptime(asked.strip(), "%Y-%m-%d %H:%M")
     except ValueError:
         raise UsageError(f'--start {asked!r}: use "YYYY-MM-DD HH:MM" (your time zone) or earliest') from None
     start = local.astimezone(timezone.utc)  # a naive time is this machine's local time
-    if start <= now:
+    if start <= datetime.now(timezone.utc):
         raise UsageError(
             f"--start {asked} ({start:%Y-%m-%d %H:%M} UTC) is not in the future: leave it out to start now"
         )

@@ -149,7 +149,7 @@ def where_to_get_credentials(site: str) -> str:
     dashboard = DASHBOARDS.get(site, "the dashboard of your site")
     return (
         f"make one in the Chameleon web UI of {site} ({dashboard}): Identity > Application Credentials > "
-        "Create Application Credential, tick **Unrestricted** and give it the roles member and reader, then "
+        "Create Application Credential, tick 'Unrestricted' and give it the roles member and reader, then "
         "download the openrc file it offers and `source` it"
     )
 
@@ -632,7 +632,7 @@ class ChameleonCloud:
             if code in (403, 500):
                 raise CredentialsError(
                     f"creating lease {name} on {self.site} failed (HTTP {code}: {message}). On Chameleon this is "
-                    f"most often an application credential made without **Unrestricted**, which may not create "
+                    f"most often an application credential made without 'Unrestricted', which may not create "
                     f"the Keystone trust Blazar makes for every lease: {where_to_get_credentials(self.site)}"
                 ) from None
             raise ChameleonError(f"creating lease {name} on {self.site} failed: {message}") from None
