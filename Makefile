@@ -23,18 +23,19 @@ CHECK_WORKERS ?= 2
 TEST_WORKERS ?= 2
 # More pytest options: make test PYTEST_ARGS="--durations=40 -x"
 PYTEST_ARGS ?=
-PYTEST := $(BIN)/python -m pytest --dist loadgroup $(PYTEST_ARGS)
+PYTEST := $(BIN)/python -m pytest --dist loadgroup
 # The tiers are pytest markers (pyproject.toml): the fast one leaves out what
 # needs a tritonserver, a deployment or the Docker engine, but for one
 # end-to-end run on the local target (marked `check`).
 CHECK_TIER := check or not (triton or deploy or docker)
 
+# The 15 slowest tests and the count of expensive operations (tests/support/budget.py) end its output.
 test: setup system-deps trained-model docker-bases
-	@start=$$(date +%s); $(PYTEST) -n $(TEST_WORKERS); status=$$?; \
+	@start=$$(date +%s); $(PYTEST) --durations=15 $(PYTEST_ARGS) -n $(TEST_WORKERS); status=$$?; \
 	echo "make test: pytest took $$(( $$(date +%s) - start )) s"; exit $$status
 
 check: setup system-deps trained-model
-	@start=$$(date +%s); $(PYTEST) -n $(CHECK_WORKERS) -m "$(CHECK_TIER)"; status=$$?; \
+	@start=$$(date +%s); $(PYTEST) $(PYTEST_ARGS) -n $(CHECK_WORKERS) -m "$(CHECK_TIER)"; status=$$?; \
 	echo "make check: pytest took $$(( $$(date +%s) - start )) s"; exit $$status
 
 test-docker: setup system-deps docker-bases

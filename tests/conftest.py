@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import budget
 from support.lab import new_lab
 from support.repository import rendered_repository
 from support.sshd import start_sshd
@@ -35,6 +36,43 @@ sys.path.insert(0, str(config.MODEL_REPOSITORY / "food_classifier" / "1"))
 # instead of one long test running alone after everything else. Stable: within
 # a tier, the files' own order.
 _FIRST_TIERS = ("docker", "deploy", "triton")
+
+
+def pytest_configure(config):
+    """The session's count of expensive operations (support/budget.py): one file, made by the controller
+    before pytest-xdist starts its workers, which inherit its name."""
+    if budget.COUNTS_VARIABLE not in os.environ and not hasattr(config, "workerinput"):
+        folder = Path(config.rootpath) / ".pytest_cache"
+        folder.mkdir(exist_ok=True)
+        counts = folder / f"lab-test-counts-{os.getpid()}.txt"
+        counts.write_text("")
+        os.environ[budget.COUNTS_VARIABLE] = str(counts)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The session's counts against the budget (pyproject.toml): one over it fails the run. pytest's terminal
+    summary, which prints them (below), comes after this hook."""
+    if hasattr(session.config, "workerinput"):
+        return
+    path = Path(os.environ.get(budget.COUNTS_VARIABLE, "/nonexistent"))
+    lines, over = budget.report(budget.counted(path), budget.budget())
+    session.config.lab_budget = (lines, over)
+    if over and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if path.parent.name == ".pytest_cache":  # the session's own file (pytest_configure made it)
+        path.unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not hasattr(config, "lab_budget"):
+        return
+    lines, over = config.lab_budget
+    terminalreporter.write_sep("-", "expensive operations (pyproject.toml [tool.lab.test_budget])")
+    for line in lines:
+        terminalreporter.write_line(line)
+    for line in over:
+        terminalreporter.write_line(f"OVER THE BUDGET: {line}: raise it in pyproject.toml, saying why", red=True)
 
 
 def pytest_collection_modifyitems(items):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from provision.config import PROJECT_ROOT
 from provision.host.background import free_ports
+from support import budget
 
 FAB = str(Path(sys.executable).parent / "fab")
 
@@ -56,11 +57,13 @@ class Lab:
             input=stdin,
         )  # fmt: skip
         _record_time(args, time.monotonic() - started)
+        budget.count(args, self.runtime())
         if check and done.returncode != 0:
             raise AssertionError(f"fab {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         return done
 
     def popen_fab(self, *args: str) -> subprocess.Popen:
+        budget.count(args, self.runtime())
         return subprocess.Popen(
             [FAB, *args],
             cwd=PROJECT_ROOT,
@@ -73,6 +76,13 @@ class Lab:
 
     def state(self) -> dict | None:
         return json.loads(self.state_file.read_text()) if self.state_file.exists() else None
+
+    def runtime(self) -> str | None:
+        """The runtime this user provisioned (None: nothing provisioned yet)."""
+        try:
+            return (self.state() or {}).get("runtime")
+        except ValueError:  # a test's deliberately broken state file
+            return None
 
 
 def _record_time(args: tuple[str, ...], seconds: float) -> None:
