@@ -84,6 +84,11 @@ def verdicts(rows: list[dict], tried: list[float], p99_ms: float, stopped_over: 
     return found
 
 
+def rate_words(rate: float) -> str:
+    """A rate as the report gives it: 0.46, 6.6, 24 (two significant figures below 10, one decimal above)."""
+    return f"{rate:.2g}" if rate < 10 else f"{rate:.1f}"
+
+
 def _ms(microseconds: float) -> str:
     return f"{microseconds / 1000:.1f}"
 
@@ -99,7 +104,7 @@ def section(model: str, rows: list[dict], server: dict, command: str, title: str
     if best:
         lines.append(
             f"Sustainable rate (Poisson arrivals, p99 <= {p99_ms:g} ms, sent on schedule and answered): "
-            f"**{best['throughput']:.1f} requests/s sent and answered**, at perf_analyzer's rate "
+            f"**{rate_words(best['throughput'])} requests/s sent and answered**, at perf_analyzer's rate "
             f"{best['request_rate']:g}/s: p50 {_ms(best['p50_us'])} ms, p99 {_ms(best['p99_us'])} ms"
             + (" (the top of the range searched: raise request_rate_range's end to look higher)." if found["top_of_range"] else ".")
         )

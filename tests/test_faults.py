@@ -130,7 +130,8 @@ def test_no_stable_window_is_reported_as_such_in_bench_and_tune_never_as_figures
         assert (run / plot).stat().st_size > 0
 
     tune = lab.fab(
-        *unstable, "tune", "--model", "batching_food_classifier", "--p99-ms", "10000", "--quick", check=False
+        *unstable, "tune", "--model", "batching_food_classifier", "--p99-ms", "10000", "--quick", "--repeats", "1",
+        check=False,
     )
     assert tune.returncode == 1, tune.stdout + tune.stderr
     candidates = re.findall(r"^  candidate (\d+): (.*)$", tune.stdout, flags=re.MULTILINE)

@@ -17,6 +17,7 @@ from provision.host.tritonserver import perf_analyzer_env
 from provision.measure import perf_runs
 from provision.perf import ANSWERED_FRACTION, DELAYED_LIMIT_PERCENT, rate_search_steps, write_input_json
 from provision.report import write_report
+from provision.server_report import rate_words
 
 pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
 
@@ -97,7 +98,7 @@ def test_the_report_says_the_scenario_and_what_each_rate_was_worth(searched):
     best = summary["server"]["models"][MODEL]["sustained"]
     if best:
         assert sum(best["split_us"].values()) == pytest.approx(best["avg_us"])
-        assert f"**{best['throughput']:.1f} requests/s sent and answered**, at perf_analyzer's rate" in report
+        assert f"**{rate_words(best['throughput'])} requests/s sent and answered**, at perf_analyzer's rate" in report
         assert f"Where the average latency goes at {best['request_rate']:g} requests/s (ms):" in report
     assert summary["plots"] == ["server_rates.png"]
     assert (run / "server_rates.png").stat().st_size > 0 and (run / "server_rates.svg").stat().st_size > 0
@@ -141,7 +142,7 @@ def test_a_recorded_search_quotes_what_was_sent_and_answered_and_not_a_rate_sent
     assert [rate["sustained"] for rate in found["rates"]] == [True, False]
     report = (run / "report.md").read_text()
     assert "**32 requests/s**" not in report and "**23.98" not in report
-    assert "**0.5 requests/s sent and answered**, at perf_analyzer's rate 1/s" in report
+    assert "**0.46 requests/s sent and answered**, at perf_analyzer's rate 1/s" in report
     assert (
         "It is quoted as sent, not as asked: perf_analyzer asked for 1 requests/s and sent 0.46, none late: its "
         "Poisson schedule is the same every run and starts slow, so over these 37 requests it carried 46% of the rate"

@@ -24,7 +24,10 @@ COUNTS_VARIABLE = "LAB_TEST_COUNTS"
 
 def kind(args: tuple[str, ...], runtime: str | None) -> str | None:
     """The budgeted kind of one `fab` command (None: cheap, not counted). A docker deploy builds images."""
-    task = next((word for word in args if not word.startswith("-")), "")
+    words = list(args)
+    if words[:1] in (["-f"], ["--config"]):  # fab -f FILE TASK: a settings file before the task
+        words = words[2:]
+    task = next((word for word in words if not word.startswith("-")), "")
     if task == "deploy" and "--check" in args:
         return None
     if task == "deploy":
