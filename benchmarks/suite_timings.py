@@ -1,12 +1,13 @@
 """docs/testing.md's table of where `make test` spends its time, written from a measured run.
 
     make test PYTEST_ARGS="--durations=0" LAB_FAB_TIMINGS=/tmp/fab.txt 2>&1 | tee /tmp/make-test.log
-    .venv/bin/python benchmarks/suite_timings.py /tmp/make-test.log /tmp/fab.txt
+    .venv/bin/python benchmarks/suite_timings.py /tmp/make-test.log /tmp/fab.txt [COMMIT]
 
 Reads pytest's --durations report (every phase of every test: setup, call,
 teardown) and the LAB_FAB_TIMINGS file (one line per `fab` command the tests
 ran, tests/support/lab.py), and replaces the part of docs/testing.md between
-its two timing markers with: pytest's wall time, the seconds per test file
+its two timing markers with: pytest's wall time (COMMIT: the commit measured, when
+it is not HEAD), the seconds per test file
 (summed over the workers), and the seconds and count per `fab` task, headed by
 the commit and the date. Nothing here is typed by hand.
 """
@@ -68,7 +69,8 @@ def table(log: str, fab_lines: str, commit: str, day: str) -> list[str]:
 
 def main() -> None:
     log_path, fab_path = (Path(arg) for arg in sys.argv[1:3])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    asked = sys.argv[3] if len(sys.argv) > 3 else "HEAD"
+    commit = subprocess.run(["git", "rev-parse", asked], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     lines = table(log_path.read_text(errors="replace"), fab_path.read_text(), commit, time.strftime("%Y-%m-%d"))
     text = DOC.read_text()
     if BEGIN in text and END in text:
