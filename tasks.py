@@ -394,8 +394,9 @@ def run(
     sys.stdout, sys.stderr = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
     targets.check_nothing_provisioned(state_module.load())
     # The user's own paths, before anything is made: a missing weights file is not a failed deploy.
-    path_settings.check_weights(_settings(c))
-    path_settings.check_results(_settings(c))
+    settings = _settings(c)
+    path_settings.check_weights(settings)
+    path_settings.check_results(settings)
     stages = {
         "provision": lambda: provision(c, **provision_flags, wait_for_start=True),  # a lease booked ahead
         "deploy": lambda: deploy(c, cluster=cluster, lb_node=lb_node),

@@ -62,18 +62,15 @@ PUBLISHED_COUNTERPART = {
 def _load_host(folder: Path) -> dict:
     facts_file = folder / "host.json"
     facts = json.loads(facts_file.read_text()) if facts_file.exists() else {}
+    logs = {log.stem: log.read_text(errors="replace") for log in sorted(folder.glob("*.log"))}
     # The server scenario's rows carry what perf_analyzer's log says of each rate: how many requests it sent late.
-    models = {csv.stem: perf.with_rate_facts(perf.parse_csv(csv), _log_text(csv)) for csv in sorted(folder.glob("*.csv"))}
+    models = {
+        csv.stem: perf.with_rate_facts(perf.parse_csv(csv), logs.get(csv.stem, "")) for csv in sorted(folder.glob("*.csv"))
+    }
     configs = {c.stem: c.name for c in sorted((folder / "configs").glob("*.pbtxt"))}
     # The load each measurement ended under (bench.yml's "host load" line in its log).
-    logs = {log.stem: host_load(log.read_text(errors="replace")) for log in sorted(folder.glob("*.log"))}
-    load = {model: figures for model, figures in logs.items() if figures}
+    load = {model: figures for model, text in logs.items() if (figures := host_load(text))}
     return {"facts": facts, "models": models, "configs": configs, "load": load}
-
-
-def _log_text(csv_file: Path) -> str:
-    log = csv_file.with_suffix(".log")
-    return log.read_text(errors="replace") if log.exists() else ""
 
 
 def _missing_levels(models: dict[str, list[dict]], profile: dict, benchmarked: list[str]) -> dict[str, list[int]]:
