@@ -75,6 +75,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"OVER THE BUDGET: {line}: raise it in pyproject.toml, saying why", red=True)
 
 
+def pytest_unconfigure(config):
+    """The kinds over the budget again, after pytest's last line: the tail of a long run's log says why it failed."""
+    for line in getattr(config, "lab_budget", ([], []))[1]:
+        print(f"make test failed on its budget of expensive operations: {line} (pyproject.toml)", file=sys.stderr)
+
+
 def pytest_collection_modifyitems(items):
     def tier(item) -> int:
         return next((n for n, mark in enumerate(_FIRST_TIERS) if item.get_closest_marker(mark)), len(_FIRST_TIERS))
