@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from support import fake_openstack
 from support.fake_openstack import NODE_ADDRESSES, PUBLIC_KEY, FakeOpenStack, SSHBanner
-from support.observing import printed_lines
+from support.observing import printed_lines, read_until, the_rest
 from support.sshd import start_sshd
 
 from provision.config import PROJECT_ROOT
@@ -177,15 +177,12 @@ def test_a_lease_you_hold_is_deployed_to_and_benched_clear_of_its_end_and_left_a
 
         lab.fab("extend", "--hours", "1")
         bench = lab.popen_fab("bench", "--quick", *models)
-        lines, output = printed_lines(bench), ""
-        while "Make the perf_analyzer input from it" not in output:
-            line = lines.get(timeout=300)
-            assert line is not None, f"the bench ended before measuring:\n{output}"
-            output += line
+        lines = printed_lines(bench)
+        output = read_until(lines, "Make the perf_analyzer input from it", timeout_s=300)
         # While the first model is measured, the lease is cut short (by the web UI, another terminal).
         lease = next(iter(fake.leases.values()))
         lease["end_date"] = fake_openstack._now() + timedelta(minutes=15, seconds=5)
-        output += "".join(iter(lambda: lines.get(timeout=600), None))
+        output += the_rest(lines, timeout_s=600)
         assert bench.wait(timeout=60) == 1, output
 
         assert "would end inside the 15 min margin; stopping here" in output
@@ -263,20 +260,6 @@ def start_in(hours: float) -> str:
     from datetime import datetime
 
     return (datetime.now() + timedelta(hours=hours)).strftime("%Y-%m-%d %H:%M")
-
-
-def read_until(lines, text: str, timeout_s: float = 60) -> str:
-    """A process's output (printed_lines) up to the first line holding `text`."""
-    output = ""
-    while text not in output:
-        line = lines.get(timeout=timeout_s)
-        assert line is not None, f"the process ended before {text!r}:\n{output}"
-        output += line
-    return output
-
-
-def the_rest(lines, timeout_s: float = 120) -> str:
-    return "".join(iter(lambda: lines.get(timeout=timeout_s), None))
 
 
 def test_a_lease_booked_ahead_is_waited_for_with_progress_then_launched_on(lab, cloud):

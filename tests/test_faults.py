@@ -21,11 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support.lab import our_processes
+from support.lab import assert_nothing_of_ours_is_left, our_processes
 
-from provision.host.background import port_is_free
 from provision.host.layout import run_dir
-from provision.host.tritonserver import SHM_DIR, TritonProcess
 from provision.lock import playbook_processes
 
 pytestmark = pytest.mark.deploy
@@ -36,19 +34,6 @@ def unstable_quick_profile(tmp_path: Path) -> list[str]:
     settings = tmp_path / "unstable.yaml"
     settings.write_text("lab:\n  bench:\n    quick:\n      stability_percentage: 0.1\n      max_trials: 3\n")
     return ["-f", str(settings)]
-
-
-def shm_regions(home: Path) -> list[Path]:
-    """The python backend's shared memory of the deployment's Triton (its own prefix)."""
-    prefix = TritonProcess(home / "triton", home / "models", run_dir(home)).shm_prefix
-    return sorted(SHM_DIR.glob(f"{prefix}*"))
-
-
-def assert_nothing_of_ours_is_left(lab, home: Path) -> None:
-    assert our_processes(home) == [], "a process of ours survived the teardown"
-    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values()), "a port of ours still listens"
-    assert shm_regions(home) == [], "shared memory of our Triton is left in /dev/shm"
-    assert lab.state() is None and not home.exists()
 
 
 def wait_for(condition, what: str, timeout_s: float = 600, process: subprocess.Popen | None = None):
@@ -129,10 +114,11 @@ def test_no_stable_window_is_reported_as_such_in_bench_and_tune_never_as_figures
     for plot in ("throughput.png", "latency.png"):
         assert (run / plot).stat().st_size > 0
 
+    # One concurrency and one batch size: every candidate fails the same way, so a small grid proves it.
     tune = lab.fab(
         *unstable, "tune", "--model", "batching_food_classifier", "--p99-ms", "10000", "--quick", "--repeats", "1",
-        check=False,
-    )
+        "--concurrency", "2:2:2", "--batch-sizes", "4", check=False,
+    )  # fmt: skip
     assert tune.returncode == 1, tune.stdout + tune.stderr
     candidates = re.findall(r"^  candidate (\d+): (.*)$", tune.stdout, flags=re.MULTILINE)
     assert len(candidates) >= 2, tune.stdout

@@ -9,9 +9,9 @@ import subprocess
 import time
 
 import pytest
-from support.lab import new_lab, our_processes
+from support.lab import assert_nothing_of_ours_is_left, new_lab
 
-from provision.host.background import free_ports, port_is_free
+from provision.host.background import free_ports
 
 
 def test_an_unknown_target_names_the_choices(tmp_path):
@@ -119,8 +119,7 @@ def test_an_interrupted_deploy_continues_and_tears_down(lab, tmp_path):
     assert "deploy complete" in resumed
     assert lab.state()["deploy"]["status"] == "deployed"
     assert "teardown complete" in lab.fab("teardown").stdout
-    assert our_processes(tmp_path / "deploy-local") == []
-    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
+    assert_nothing_of_ours_is_left(lab, tmp_path / "deploy-local")
 
 
 def test_a_missing_weights_file_stops_deploy_before_any_host_is_touched(lab, tmp_path):

@@ -18,19 +18,10 @@ import signal
 import time
 
 import pytest
-from support.lab import our_processes
-from support.observing import printed_lines
-
-from provision.host.background import port_is_free
+from support.lab import assert_nothing_of_ours_is_left
+from support.observing import printed_lines, read_until, the_rest
 
 pytestmark = pytest.mark.deploy
-
-
-def assert_nothing_left(lab, tmp_path) -> None:
-    assert lab.state() is None, "the state is cleared"
-    assert our_processes(tmp_path / "deploy-local") == [], "a process of ours survived the run"
-    assert not (tmp_path / "deploy-local").exists(), "teardown removes what deploy put on the host"
-    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values())
 
 
 def test_a_run_provisions_deploys_benchmarks_and_tears_down(lab, tmp_path):
@@ -40,7 +31,7 @@ def test_a_run_provisions_deploys_benchmarks_and_tears_down(lab, tmp_path):
     results = re.search(r"fab run: results in (\S+)", done.stdout).group(1)
     assert os.path.exists(f"{results}/summary.json") and os.path.exists(f"{results}/report.md")
     assert done.stdout.rstrip().endswith("fab run: done; the deployment was torn down")
-    assert_nothing_left(lab, tmp_path)
+    assert_nothing_of_ours_is_left(lab, tmp_path / "deploy-local")
 
 
 def test_a_missing_weights_file_is_refused_before_anything_starts(lab, tmp_path):
@@ -60,25 +51,19 @@ def test_a_run_takes_deploy_s_cluster_flags_and_deploy_judges_them(lab, tmp_path
     assert done.returncode != 0 and "fab run: failed at deploy" in done.stdout
     assert "--lb-node local: a node of its own for the balancer leaves no host to serve" in done.stderr
     assert "fab run: the deployment was torn down" in done.stdout
-    assert_nothing_left(lab, tmp_path)
+    assert_nothing_of_ours_is_left(lab, tmp_path / "deploy-local")
 
 
 def test_sigint_during_the_bench_tears_down_and_keeps_the_partial_results(lab, tmp_path):
     run = lab.popen_fab("run", "--target", "local", "--quick")
     try:
-        lines, output = printed_lines(run), ""
-        while "== fab run: bench" not in output:
-            line = lines.get(timeout=600)
-            assert line is not None, f"fab run ended before the bench:\n{output}"
-            output += line
+        lines = printed_lines(run)
+        output = read_until(lines, "== fab run: bench", timeout_s=600)
         time.sleep(5)  # perf_analyzer is measuring
         os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
-        while "== fab run: teardown" not in output:
-            line = lines.get(timeout=120)
-            assert line is not None, f"fab run ended without a teardown:\n{output}"
-            output += line
+        output += read_until(lines, "== fab run: teardown", timeout_s=120)
         os.killpg(run.pid, signal.SIGINT)  # a second Ctrl-C: refused, teardown finishes
-        output += "".join(iter(lambda: lines.get(timeout=300), None))
+        output += the_rest(lines, timeout_s=300)
         assert run.wait(timeout=60) == 130, output[-4000:]
     finally:
         if run.poll() is None:
@@ -91,7 +76,7 @@ def test_sigint_during_the_bench_tears_down_and_keeps_the_partial_results(lab, t
     # The bench itself wrote the report of what it measured, marked partial with its reason.
     assert "The bench stopped early (interrupted (Ctrl-C or SIGTERM))" in open(f"{partial}/PARTIAL.md").read()
     assert json.loads(open(f"{partial}/summary.json").read())["partial"]["reason"] == "interrupted (Ctrl-C or SIGTERM)"
-    assert_nothing_left(lab, tmp_path)
+    assert_nothing_of_ours_is_left(lab, tmp_path / "deploy-local")
 
 
 def test_a_run_refuses_to_start_where_something_is_provisioned(lab, tmp_path):

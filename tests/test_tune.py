@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import tritonclient.http as triton_http
 from support.lab import new_lab
-from support.observing import printed_lines
+from support.observing import printed_lines, read_until, the_rest
 from support.serving import classify
 
 from provision import sample_images
@@ -118,14 +118,12 @@ def test_ctrl_c_during_a_tune_puts_the_deployed_configuration_back(deployed):
     before, before_text = served(deployed), deployed_file(deployed).read_text()
     tune = deployed.popen_fab("tune", "--model", MODEL, "--p99-ms", "2000", "--quick", "--repeats", "1")
     try:
-        lines, output = printed_lines(tune), ""
-        while "candidate 2:" not in output:  # the third candidate's config is now being loaded or measured
-            line = lines.get(timeout=600)
-            assert line is not None, f"fab tune ended before its second candidate:\n{output}"
-            output += line
+        lines = printed_lines(tune)
+        # The third candidate's config is now being loaded or measured.
+        output = read_until(lines, "candidate 2:", timeout_s=600)
         time.sleep(3)
         os.killpg(tune.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
-        output += "".join(iter(lambda: lines.get(timeout=300), None))
+        output += the_rest(lines, timeout_s=300)
         assert tune.wait(timeout=60) == 130, output[-4000:]
     finally:
         if tune.poll() is None:

@@ -36,7 +36,7 @@ import yaml
 
 from provision.config import PROJECT_ROOT
 from provision.host.layout import LIB_DIR, TOKEN_FILE
-from provision.host.tritonserver import EXPLICIT_MODEL_CONTROL
+from provision.host.tritonserver import MODEL_LOADING
 
 # Where things are inside the containers.
 MODELS_IN_CONTAINER = "/models"
@@ -201,7 +201,7 @@ def _triton_service(docker: dict, ports: dict, image: str, published, gpu_count:
             f"--grpc-port={ports['triton_grpc']}",
             f"--metrics-port={ports['triton_metrics']}",
             "--exit-timeout-secs=10",
-            *EXPLICIT_MODEL_CONTROL,
+            *MODEL_LOADING,
         ],
         "environment": {
             "HF_HOME": HF_CACHE_IN_CONTAINER,  # BLIP from the hub is downloaded once, kept on the host

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.config import PROJECT_ROOT
-from provision.host.background import free_ports
+from provision.host.background import free_ports, port_is_free
+from provision.host.layout import run_dir
+from provision.host.tritonserver import SHM_DIR, TritonProcess
 from support import budget
 
 FAB = str(Path(sys.executable).parent / "fab")
@@ -102,6 +104,22 @@ def our_processes(folder: Path) -> list[str]:
 PORT_NAMES = (
     "triton_http", "triton_grpc", "triton_metrics", "api", "jupyter", "balancer_http", "balancer_grpc", "balancer_stats",
 )  # fmt: skip
+
+
+def triton_shm_regions(deploy_dir: Path) -> list[Path]:
+    """The python backend's shared memory of the Triton deployed in deploy_dir (its own prefix)."""
+    prefix = TritonProcess(deploy_dir / "triton", deploy_dir / "models", run_dir(deploy_dir)).shm_prefix
+    return sorted(SHM_DIR.glob(f"{prefix}*"))
+
+
+def assert_nothing_of_ours_is_left(lab: Lab, deploy_dir: Path) -> None:
+    """What a teardown promises on this machine: the state cleared, nothing that deploy put on the host
+    (deploy_dir), no process of ours, no port of ours listening, no shared memory of our Triton."""
+    assert lab.state() is None, "the state is cleared"
+    assert our_processes(deploy_dir) == [], "a process of ours survived the teardown"
+    assert not deploy_dir.exists(), "teardown removes what deploy put on the host"
+    assert all(port_is_free(port, "127.0.0.1") for port in lab.ports.values()), "a port of ours still listens"
+    assert triton_shm_regions(deploy_dir) == [], "shared memory of our Triton is left in /dev/shm"
 
 
 def new_lab(tmp_path) -> Lab:

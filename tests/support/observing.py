@@ -27,6 +27,21 @@ def printed_lines(process: subprocess.Popen) -> queue.Queue:
     return lines
 
 
+def read_until(lines: queue.Queue, text: str, timeout_s: float = 60) -> str:
+    """A process's output (printed_lines) up to the first line holding `text`; fails if it ends first."""
+    output = ""
+    while text not in output:
+        line = lines.get(timeout=timeout_s)
+        assert line is not None, f"the process ended before {text!r}:\n{output[-4000:]}"
+        output += line
+    return output
+
+
+def the_rest(lines: queue.Queue, timeout_s: float = 120) -> str:
+    """A process's output (printed_lines) to its end."""
+    return "".join(iter(lambda: lines.get(timeout=timeout_s), None))
+
+
 def changed_tasks(output: str) -> list[str]:
     return [line.split(None, 2)[-1] for line in output.splitlines() if line.strip().startswith("changed")]
 
