@@ -17,7 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-from invoke import Collection, Exit, task
+from invoke import Collection, Exit, Task
+from invoke import task as invoke_task
+from invoke.exceptions import ParseError
+from invoke.parser import Argument
 
 from provision import config, flags, hosts, interrupts, inventory, lock, path_settings, pipeline, targets
 from provision import state as state_module
@@ -31,10 +34,59 @@ from provision.tune import VALUES
 compare_runs = config.client_script("compare_runs")
 
 
-def _settings(c) -> dict:
+def _number_kind(parameter: inspect.Parameter) -> type | None:
+    """int or float: a flag's number type, from its default (22, 0.1) or, where the default is None
+    (not given), from its annotation ("int | None"); None for any other flag."""
+    if type(parameter.default) in (int, float):
+        return type(parameter.default)
+    if parameter.default is None and parameter.annotation is not inspect.Parameter.empty:
+        return next((kind for kind in (int, float) if kind.__name__ in str(parameter.annotation)), None)
+    return None
+
+
+class _NumberFlag(Argument):
+    """A number flag: a value that is not one is Invoke's ParseError (one line, exit 1), not a traceback."""
+
+    def set_value(self, value, cast=True):
+        try:
+            super().set_value(value, cast)
+        except ValueError:
+            raise ParseError(f"error: --{self.names[0]} {value}: give {'a whole number' if self.kind is int else 'a number'}") from None
+
+
+class LabTask(Task):
+    """A task whose number flags are numbers or stop as one line naming the flag (Invoke casts a flag
+    to its default's type while parsing, where `--repeats abc` ended in a ValueError's traceback).
+    A flag whose default is None (not given) takes its type from its annotation. The body checks ranges."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        kind = _number_kind(inspect.signature(self.body).parameters[name])
+        if kind:
+            opts["kind"] = kind
+        return opts
+
+    def get_arguments(self, ignore_unknown_help=None):
+        arguments = super().get_arguments(ignore_unknown_help)
+        for argument in arguments:
+            if argument.kind in (int, float):
+                argument.__class__ = _NumberFlag
+        return arguments
+
+
+def task(*args, **kwargs):
+    """Invoke's @task, making LabTasks."""
+    if len(args) == 1 and callable(args[0]) and not kwargs:  # bare @task
+        return invoke_task(klass=LabTask)(args[0])
+    return invoke_task(*args, klass=LabTask, **kwargs)
+
+
+def _settings(c, strict: bool = True) -> dict:
     """The `lab` settings as Invoke merged them: the defaults (this collection's configuration, below
-    every file), ~/.fabric.yaml, the project's fabric.yaml, FABRIC_LAB_*, `fab -f` (provision/config.py)."""
-    return config.settings(c.config.lab)
+    every file), ~/.fabric.yaml, the project's fabric.yaml, FABRIC_LAB_*, `fab -f` (provision/config.py).
+    strict False: a value of the wrong type is a warning, not an error (teardown: a bad setting must not
+    keep what was provisioned running)."""
+    return config.settings(c.config.lab, runtime_path=getattr(c.config, "_runtime_path", None), strict=strict)
 
 
 def _state():
@@ -139,7 +191,8 @@ def provision(
     # the ssh target's hosts and how to reach them (user, key and python: chameleon's too)
     host=None, user="", port=22, key="", python="",
     # the chameleon target's
-    site="", node_type="", image="", hours=0.0, count=0, key_name="", public_key="", floating_ip="",
+    site="", node_type="", image="", hours: float | None = None, count: int | None = None, key_name="", public_key="",
+    floating_ip="",
     lease="", start="", wait_for_start=False, node=None, resource_property=None,
     no_wait=False,
 ):  # fmt: skip
@@ -252,13 +305,13 @@ def deploy(c, check=False, publish=False, models_from="", cluster=False, lb_node
 )
 @_fails_cleanly()
 @_one_at_a_time
-def bench(c, quick=False, model=None, cluster=False, scenario="closed_loop", p99_ms=0.0, no_wait=False):
+def bench(c, quick=False, model=None, cluster=False, scenario="closed_loop", p99_ms: float | None = None, no_wait=False):
     """Run perf_analyzer over the models; write tables, plots and a report to results/<run-id>/."""
     from provision.bench import bench as run_bench
     from provision.bench import scenario_bound
 
     flags.models(model or [], benchmarked_models(), not_offered=NOT_BENCHMARKED)
-    bound = scenario_bound(scenario, float(p99_ms))
+    bound = scenario_bound(scenario, flags.positive_number(p99_ms, "--p99-ms", "milliseconds") if p99_ms is not None else 0)
     settings = _settings(c)
     path_settings.check_results(settings)
     results = run_bench(
@@ -293,11 +346,11 @@ def tune(
     model="",
     p99_ms="",
     quick=False,
-    max_gpus=0,
+    max_gpus: int | None = None,
     concurrency="",
     batch_sizes="",
     scenario="closed_loop",
-    repeats=0,
+    repeats: int | None = None,
     no_wait=False,
 ):
     """Find the model's serving settings with the most throughput under a p99 budget, on the deployed host.
@@ -319,9 +372,9 @@ def tune(
     budget = flags.positive_number(p99_ms, "--p99-ms", "milliseconds")
     concurrency = flags.concurrency_range(concurrency) if concurrency else ""
     sizes = flags.positive_integers(batch_sizes, "--batch-sizes") if batch_sizes else None
-    gpus = int(flags.positive_number(max_gpus, "--max-gpus", "GPUs")) if max_gpus not in (0, "0", "") else None
+    gpus = flags.whole_number(max_gpus, "--max-gpus", 1, "GPUs") if max_gpus is not None else None
     server = check_scenario(scenario) == "server"
-    count = int(flags.positive_number(repeats, "--repeats", "measurements")) if repeats not in (0, "0", "") else 0
+    count = flags.whole_number(repeats, "--repeats", 1, "measurements") if repeats is not None else 0
     settings = _settings(c)
     path_settings.check_results(settings)
     try:
@@ -453,7 +506,7 @@ def teardown(c, purge=False, release_lease=False, no_wait=False):
     """Stop everything, remove what deploy installed, release cloud resources, verify, clear the state."""
     from provision.teardown import teardown as run_teardown
 
-    run_teardown(_settings(c), state_module.load(), print, purge=purge, release_lease=release_lease)
+    run_teardown(_settings(c, strict=False), state_module.load(), print, purge=purge, release_lease=release_lease)
 
 
 @task
@@ -474,8 +527,9 @@ def status(c):
 @_one_at_a_time
 def extend(c, hours=1, no_wait=False):
     """Chameleon: extend the lease by N hours (possible within 48 h of its end)."""
+    hours = flags.whole_number(hours, "--hours", 1, "hours")
     state = _state()
-    targets.extend(state.target, state, _settings(c), int(hours), state_module.save, print)
+    targets.extend(state.target, state, _settings(c), hours, state_module.save, print)
 
 
 @task(help={"node": "which host (name or index, default the first)"})
@@ -499,7 +553,8 @@ def tunnel(c, node="0", offset=0):
     """Forward the host's Triton, API and Jupyter to 127.0.0.1 here over SSH; print their URLs; Ctrl-C closes it."""
     from provision.tunnel import run as run_tunnel
 
-    run_tunnel(_state(), node=node, offset=int(offset), say=lambda line: print(line, flush=True))
+    offset = flags.whole_number(offset, "--offset", 0)
+    run_tunnel(_state(), node=node, offset=offset, say=lambda line: print(line, flush=True))
 
 
 @task(help={"service": "triton, api or jupyter", "lines": "how many lines (default 50)"})
@@ -508,6 +563,7 @@ def logs(c, service="triton", lines=50):
     """Show the recent log of a service on every host."""
     from provision.status import logs as read_logs
 
+    lines = flags.whole_number(lines, "--lines", 1)
     output = read_logs(_state(), service, lines)
     for host, text in output.items():
         print(f"==> {host}: {service} <==")
@@ -531,6 +587,8 @@ def compare(c, run_a, run_b, also=None, threshold=0.10, out="", fail_on_regressi
     """Two or more bench runs side by side: what differs, throughput and p95/p99 with ratios, regressions."""
     from pathlib import Path
 
+    if threshold < 0:
+        raise flags.FlagError(f"--threshold {threshold:g}: give a fraction of at least 0 (0.10: 10 %)")
     root = results_root(_settings(c))
     paths = [Path(run) if Path(run).exists() else root / run for run in [run_a, run_b, *(also or [])]]
     try:
@@ -592,6 +650,7 @@ def perf(c, line, node="0"):
 
 
 @task(name="config")
+@_fails_cleanly()
 def show_config(c):
     """Print the merged `lab` settings, and where each value that differs from its default came from."""
     merged = _settings(c)

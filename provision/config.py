@@ -31,7 +31,11 @@ from functools import cache, lru_cache
 from pathlib import Path
 from types import ModuleType
 
+import invoke.config
 import yaml
+from invoke.env import Environment as _InvokeEnvironment
+
+from provision.errors import UsageError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
@@ -63,6 +67,18 @@ def client_script(name: str) -> ModuleType:
     finally:
         sys.path.remove(str(CLIENT_SCRIPTS))
     return module
+
+
+class _Environment(_InvokeEnvironment):
+    """Invoke's reader of FABRIC_* variables, with the casts of _environment_cast."""
+
+    def _cast(self, old, new):
+        return _environment_cast(old, new)
+
+
+# Invoke's Config reads the environment through the name `Environment` of its module: Fabric's `fab`
+# (which imports tasks.py, and so this module, before it reads the environment) and settings() alike.
+invoke.config.Environment = _Environment
 
 
 @lru_cache(maxsize=1)
@@ -108,12 +124,74 @@ def _invoke_config():
     return config
 
 
-def settings(overrides=None) -> dict:
+def settings(overrides=None, runtime_path: str | None = None, strict: bool = True) -> dict:
     """The merged `lab` settings (defaults, user file, project file, FABRIC_LAB_*), then `overrides`
-    (in `fab`: what Fabric merged, its runtime file and the task's flags included): a fresh, plain copy."""
+    (in `fab`: what Fabric merged, its runtime file and the task's flags included): a fresh, plain copy.
+    A value of the wrong type is a UsageError naming the setting and where it was set (strict False:
+    a warning on stderr)."""
     merged = _plain(_invoke_config().lab) if overrides is None else _merged(defaults(), _plain(overrides))
     warn_unknown_keys()
+    problems = type_problems(merged, runtime_path)
+    if problems and strict:
+        raise UsageError("; ".join(problems))
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
     return merged
+
+
+# -- each value of the type of its default --------------------------------------------------------------
+
+TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
+_KIND_WORDS = {bool: "true or false", int: "a number", float: "a number", list: "a list", dict: "a mapping"}
+
+
+def _environment_cast(old, new: str):
+    """A FABRIC_* variable's text as the type of the value it replaces. Invoke reads a boolean as false
+    only for "0" or "", so that FABRIC_LAB_MODELS_GPU_DECODE=false meant true, and ends every command
+    in a traceback for a number that is not one: here a boolean takes the words of TRUE_WORDS and
+    FALSE_WORDS, and text that is not of the type is kept as text, for type_problems to name."""
+    if isinstance(old, bool):
+        word = new.strip().lower()
+        return True if word in TRUE_WORDS else False if word in FALSE_WORDS else new
+    if isinstance(old, (int, float)):
+        for kind in (type(old), float):  # 2.5 where the default is 3: a number all the same
+            try:
+                return kind(new)
+            except ValueError:
+                pass
+        return new
+    if isinstance(old, (list, dict)):  # Invoke cannot read one from a variable: its text, named below
+        return new
+    return _InvokeEnvironment._cast(None, old, new)
+
+
+def _of_kind(value, default) -> bool:
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, (int, float)):  # 2.5 where the default is 3 is a number too (the reader rounds)
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, (list, dict)):
+        return isinstance(value, type(default))
+    return True  # text and settings with no default: any value (their readers check what they need)
+
+
+def type_problems(merged: dict, runtime_path: str | None = None) -> list[str]:
+    """A line for each setting whose value is not of its default's type, naming where it was set."""
+    defaults_by_path = _leaves(_defaults())
+    wrong = {path: value for path, value in _leaves(merged).items()
+             if path in defaults_by_path and not _of_kind(value, defaults_by_path[path])}  # fmt: skip
+    if not wrong:
+        return []
+    variables = {path: name for name, path in _environment_names().items()}
+    sources = {}
+    for where, values in levels(runtime_path=runtime_path)[1:]:
+        for path in _leaves(values):
+            sources[path] = variables[path] if where.startswith("environment") else where
+    return [
+        f"lab.{'.'.join(path)} is {json.dumps(value)} ({sources.get(path, 'a task flag')}): "
+        f"give {_KIND_WORDS[type(defaults_by_path[path])]}"
+        for path, value in wrong.items()
+    ]
 
 
 # -- where each value comes from, and keys that are no setting --------------------------------------------

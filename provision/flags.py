@@ -28,8 +28,16 @@ def positive_number(value, flag: str, unit: str = "") -> float:
     except (TypeError, ValueError):
         number = 0.0
     if not number > 0:
-        raise FlagError(f"{flag} {value}: give a number greater than 0{f' ({unit})' if unit else ''}")
+        shown = f"{value:g}" if isinstance(value, (int, float)) else value
+        raise FlagError(f"{flag} {shown}: give a number greater than 0{f' ({unit})' if unit else ''}")
     return number
+
+
+def whole_number(value: int, flag: str, least: int, unit: str = "") -> int:
+    """A whole-number flag (Invoke has made it an int) of at least `least`."""
+    if value < least:
+        raise FlagError(f"{flag} {value}: give a whole number of at least {least}{f' ({unit})' if unit else ''}")
+    return value
 
 
 def positive_integers(value: str, flag: str) -> list[int]:

@@ -38,6 +38,24 @@ BAD_FLAGS = [
     (["bench", "--p99-ms", "300"], "--p99-ms is the server scenario's bound: add --scenario server"),
     (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--scenario", "open_loop"],
      "--scenario open_loop: choose one of closed_loop, server"),
+    # A number flag's value is a number (not Invoke's traceback), in its range (not a default in its place).
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--repeats", "abc"],
+     "--repeats abc: give a whole number"),
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--repeats", "0"],
+     "--repeats 0: give a whole number of at least 1 (measurements)"),
+    (["tune", "--model", "batching_food_classifier", "--p99-ms", "100", "--max-gpus", "0"],
+     "--max-gpus 0: give a whole number of at least 1 (GPUs)"),
+    (["bench", "--scenario", "server", "--p99-ms", "abc"], "--p99-ms abc: give a number"),
+    (["bench", "--scenario", "server", "--p99-ms", "-5"], "--p99-ms -5: give a number greater than 0 (milliseconds)"),
+    (["logs", "--lines", "abc"], "--lines abc: give a whole number"),
+    (["logs", "--lines", "-5"], "--lines -5: give a whole number of at least 1"),
+    (["tunnel", "--offset", "abc"], "--offset abc: give a whole number"),
+    (["extend", "--hours", "0"], "--hours 0: give a whole number of at least 1 (hours)"),
+    (["compare", "a", "b", "--threshold", "-1"], "--threshold -1: give a fraction of at least 0"),
+    (["provision", "--target", "chameleon", "--hours", "abc"], "--hours abc: give a number"),
+    (["provision", "--target", "chameleon", "--hours", "0"],
+     "lease length 0 h (--hours, lab.chameleon.lease_hours): choose more than 0 and at most 168 h"),
+    (["provision", "--target", "chameleon", "--count", "0"], "node count 0 (--count, lab.chameleon.node_count)"),
 ]  # fmt: skip
 
 

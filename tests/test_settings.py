@@ -93,6 +93,41 @@ def test_a_misspelled_key_is_named_with_the_closest_real_one(levels):
     assert "did you mean lab.ports.triton_http?" in outside_fab.stderr and shown(outside_fab.stdout) == "8000"
 
 
+@pytest.mark.parametrize(("word", "meaning"), [("false", "false"), ("No", "false"), ("0", "false"), ("yes", "true"),
+                                               ("TRUE", "true"), ("1", "true")])  # fmt: skip
+def test_a_boolean_variable_reads_the_words_people_write(levels, word, meaning):
+    levels["env"]["FABRIC_LAB_DOCKER_REMOVE_IMAGES"] = word  # its default: true
+    assert shown(levels["fab"]("config").stdout, "lab.docker.remove_images").split()[0] == meaning
+
+
+def test_a_value_of_the_wrong_type_is_refused_naming_the_setting_and_where_it_was_set(levels):
+    fab, env, home = levels["fab"], levels["env"], levels["home"]
+    env["FABRIC_LAB_BENCH_QUICK_MAX_TRIALS"] = "abc"
+    named = 'lab.bench.quick.max_trials is "abc" (FABRIC_LAB_BENCH_QUICK_MAX_TRIALS): give a number'
+    for task in (["config"], ["provision"], ["bench", "--quick"]):  # before anything starts
+        done = fab(*task, check=False)
+        assert done.returncode == 1 and f"error: {named}" in done.stderr and "Traceback" not in done.stderr, done
+    # Teardown says so and goes on: a bad setting must not keep what was provisioned running.
+    done = fab("teardown", check=False)
+    assert done.returncode == 0 and f"warning: {named}" in done.stderr, done
+    env["FABRIC_LAB_BENCH_QUICK_MAX_TRIALS"] = "2.5"
+    assert fab("config").returncode == 0, "a number where the default is whole is a number all the same"
+    del env["FABRIC_LAB_BENCH_QUICK_MAX_TRIALS"]
+    env["FABRIC_LAB_MODELS_GPU_DECODE"] = "maybe"
+    assert 'lab.models.gpu_decode is "maybe" (FABRIC_LAB_MODELS_GPU_DECODE): give true or false' in fab(
+        "config", check=False).stderr  # fmt: skip
+    del env["FABRIC_LAB_MODELS_GPU_DECODE"]
+    (home / ".fabric.yaml").write_text("lab:\n  bench:\n    quick:\n      max_trials: abc\n")
+    done = fab("bench", "--quick", check=False)
+    assert f'error: lab.bench.quick.max_trials is "abc" ({home / ".fabric.yaml"}): give a number' in done.stderr
+    assert not (levels["tmp"] / "results").exists(), "nothing written"
+    (home / ".fabric.yaml").unlink()
+    runtime = levels["tmp"] / "runtime.yaml"
+    runtime.write_text("lab:\n  ports:\n    api: [8080]\n")
+    assert f'error: lab.ports.api is [8080] (fab -f {runtime}): give a number' in fab(
+        "-f", str(runtime), "config", check=False).stderr  # fmt: skip
+
+
 def test_config_never_prints_a_secret_only_whether_it_is_set(levels):
     levels["env"]["OS_APPLICATION_CREDENTIAL_SECRET"] = "s3cr3t-value"
     output = levels["fab"]("config").stdout

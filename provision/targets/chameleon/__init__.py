@@ -71,17 +71,18 @@ def config(settings: dict, options: dict | None = None) -> dict:
     merged = lab_settings({"chameleon": settings.get("chameleon") or {}})["chameleon"]
     for option, key in _OPTION_NAMES.items():
         value = (options or {}).get(option)
-        if value not in (None, "", 0):
+        if value not in (None, ""):  # a flag given, 0 too: the checks below refuse it, naming it
             merged[key] = value
     merged["lease_hours"] = float(merged["lease_hours"])
     merged["node_count"] = int(merged["node_count"])
     merged["ssh_port"] = int(merged["ssh_port"])
     if not 0 < merged["lease_hours"] <= MAX_LEASE_HOURS:
         raise UsageError(
-            f"lease length {merged['lease_hours']:g} h: choose more than 0 and at most {MAX_LEASE_HOURS} h (7 days)"
+            f"lease length {merged['lease_hours']:g} h (--hours, lab.chameleon.lease_hours): choose more than 0 and "
+            f"at most {MAX_LEASE_HOURS} h (7 days)"
         )
     if merged["node_count"] < 1:
-        raise UsageError("node count must be at least 1")
+        raise UsageError(f"node count {merged['node_count']} (--count, lab.chameleon.node_count): give at least 1")
     if merged["floating_ip"] not in ("reserved", "adhoc"):
         raise UsageError(
             f"floating IP {merged['floating_ip']!r} (--floating-ip, lab.chameleon.floating_ip): "
