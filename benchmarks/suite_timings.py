@@ -27,7 +27,7 @@ BEGIN, END = "<!-- test timings: written by benchmarks/suite_timings.py -->", "<
 DURATION = re.compile(r"^([0-9.]+)s (setup|call|teardown)\s+(tests/[^:\s]+)::\S*", re.M)
 WALL = re.compile(r"make test: pytest took ([0-9]+) s")
 SUMMARY = re.compile(r"=+ (.*(?:passed|failed).*) in [0-9.]+s")
-FAB_LINE = re.compile(r"^\s*([0-9.]+)s\s+\S*\s+fab (\S+)", re.M)
+FAB_LINE = re.compile(r"^\s*([0-9.]+)s\s+\S*\s+fab (?:-f \S+ )?(\S+)", re.M)  # the task, after a `-f FILE`
 
 
 def per_file(log: str) -> dict[str, float]:

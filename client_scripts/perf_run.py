@@ -64,6 +64,12 @@ _INTEGER_GPU_FIELDS = ("memory_used_bytes", "memory_total_bytes")
 DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-interval
 
 
+def is_one_rate(request_rate_range: str) -> bool:
+    """Whether a --request-rate-range (start[:end[:step]]) holds one rate: no end, or the end is the start."""
+    start, _, rest = str(request_rate_range).partition(":")
+    return not rest or float(rest.split(":")[0]) == float(start)
+
+
 
 
 @dataclass
@@ -93,6 +99,8 @@ class PerfRun:
     # The server scenario: Poisson arrivals, and perf_analyzer's own binary search (--binary-search)
     # for the highest rate of request_rate_range whose p99 stays within latency_threshold_ms; its
     # windows and stability are the profile's, as for concurrency. Empty: closed-loop concurrency.
+    # A range of one rate ("8", "8:8:1") is measured once, without the search: the search measures
+    # both ends of its range, the same rate twice. The threshold holds the same way in both.
     request_rate_range: str = ""
     latency_threshold_ms: float = 0
 
@@ -100,9 +108,10 @@ class PerfRun:
         """How perf_analyzer makes the load: closed-loop concurrency, or Poisson arrivals searched."""
         if not self.request_rate_range:
             return ["--concurrency-range", self.concurrency_range, "--percentile=95"]
+        search = [] if is_one_rate(self.request_rate_range) else ["--binary-search"]
         return [
             "--request-rate-range", self.request_rate_range, "--request-distribution", "poisson",
-            "--binary-search", "--latency-threshold", f"{self.latency_threshold_ms:g}",
+            *search, "--latency-threshold", f"{self.latency_threshold_ms:g}",
             "--percentile=99",  # the threshold, and the windows' stability, on p99
         ]  # fmt: skip
 

@@ -17,7 +17,10 @@ from pathlib import Path
 from provision.config import client_script
 
 # What client_scripts/perf_run.py gives this module (__getattr__ below).
-FROM_PERF_RUN = ("PerfRun", "parse_csv", "parse_gpu_field", "LATENCY_SPLIT", "GPU_COLUMNS", "DEFAULT_METRICS_INTERVAL_MS")
+FROM_PERF_RUN = (
+    "PerfRun", "parse_csv", "parse_gpu_field", "LATENCY_SPLIT", "GPU_COLUMNS", "DEFAULT_METRICS_INTERVAL_MS",
+    "is_one_rate",
+)  # fmt: skip
 
 
 def __getattr__(name: str):
@@ -40,15 +43,24 @@ def rate_range(request_rate_range: str) -> tuple[float, float, float]:
 
 
 def rate_search_steps(request_rate_range: str) -> int:
-    """How many rates perf_analyzer's binary search measures at most over start:end:step: both ends,
-    then halving the interval until it is narrower than the step."""
+    """How many rates perf_analyzer measures at most over start:end:step: one where the range holds
+    one rate (measured without the search); else both ends, then halving the interval until it is
+    narrower than the step (its binary search)."""
+    if client_script("perf_run").is_one_rate(request_rate_range):
+        return 1
     start, end, step = rate_range(request_rate_range)
     return 2 + max(0, math.ceil(math.log2(max((end - start) / max(step, 1e-9), 1.0))))
 
 
+def csv_rate(rate: float | str) -> float:
+    """A request rate as perf_analyzer's CSV gives it (two decimals): its log says 40.375 or 47.2656
+    where the binary search halved an interval, its CSV 40.38 and 47.27. Rates from both meet here."""
+    return round(float(rate), 2)
+
+
 def rates_tried(log_text: str) -> list[float]:
-    """The request rates perf_analyzer measured, in the order it tried them (its log says each)."""
-    return [float(found) for found in re.findall(r"^Request Rate: ([0-9.]+) inference requests per second", log_text, re.M)]
+    """The request rates perf_analyzer measured, in the order it tried them (its log says each), as its CSV has them."""
+    return [csv_rate(found) for found in re.findall(r"^Request Rate: ([0-9.]+) inference requests per second", log_text, re.M)]
 
 
 # When a Poisson rate counts as sustained (MLPerf's Server scenario counts a rate only when the load
@@ -78,7 +90,7 @@ def rate_facts(log_text: str) -> dict[float, dict]:
         end = headers[number + 1].start() if number + 1 < len(headers) else len(log_text)
         block = log_text[header.end() : end]
         send_rate, delayed, count = _SEND_RATE.search(block), _DELAYED.search(block), _REQUEST_COUNT.search(block)
-        facts[float(header.group(1))] = {
+        facts[csv_rate(header.group(1))] = {
             "send_rate": float(send_rate.group(1)) if send_rate else None,
             "delayed_percent": float(delayed.group(1)) if delayed else 0.0,
             "request_count": int(count.group(1)) if count else None,
@@ -90,7 +102,7 @@ def with_rate_facts(rows: list[dict], log_text: str) -> list[dict]:
     """The server scenario's rows with what the log says of their rate (rate_facts); other rows as they are."""
     facts = rate_facts(log_text)
     return [
-        {**row, **facts.get(row["request_rate"], {"send_rate": None, "delayed_percent": 0.0, "request_count": None})}
+        {**row, **facts.get(csv_rate(row["request_rate"]), {"send_rate": None, "delayed_percent": 0.0, "request_count": None})}
         if "request_rate" in row
         else row
         for row in rows

@@ -6,7 +6,8 @@ configuration is worth the highest arrival rate whose p99 latency stays within
 the bound. perf_analyzer searches it itself (--binary-search over
 lab.bench.<profile>.request_rate_range, --latency-threshold the bound,
 --percentile=99): it measures the range's two ends, then halves the interval
-towards the bound until it is narrower than the range's step. Each rate is
+towards the bound until it is narrower than the range's step (a range of one
+rate is measured once, without the search). Each rate is
 measured as a concurrency is (the profile's windows and stability); a rate
 with no stable measurement counts as over the bound, and perf_analyzer's CSV
 holds only the rates it measured within the bound. The rates tried, in order,
@@ -35,6 +36,7 @@ from provision.config import client_script
 from provision.perf import (
     ANSWERED_FRACTION,
     DELAYED_LIMIT_PERCENT,
+    csv_rate,
     over_the_limit,
     rate_range,
     rates_tried,
@@ -72,7 +74,7 @@ def verdicts(rows: list[dict], tried: list[float], p99_ms: float, stopped_over: 
     """Every rate tried, lowest first: {"request_rate", "sustained", "why"} (why: "" where it was sustained).
     A rate with no row went over the bound (perf_analyzer stops a rate there and writes no row for it)
     or had no stable measurement."""
-    measured = {row["request_rate"]: row for row in rows if "request_rate" in row}
+    measured = {csv_rate(row["request_rate"]): row for row in rows if "request_rate" in row}
     found = []
     for rate in sorted(set(tried) | set(measured)):
         row = measured.get(rate)

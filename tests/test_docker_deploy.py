@@ -100,9 +100,8 @@ def notebook_in_the_jupyter_container(container: str) -> str:
 def test_the_docker_runtime_builds_serves_benchmarks_and_tears_down(engine, lab, tmp_path):
     # Its images are kept at teardown (lab.docker.remove_images false) for the cluster test below, whose
     # teardown removes them: the images are built once per run, and their removal is tested once.
-    # (A boolean variable is false as "0" or empty: Invoke's reading of the environment.)
     lab.extra_env.update(
-        engine.settings() | {"FABRIC_LAB_DOCKER_PROJECT": PROJECT, "FABRIC_LAB_DOCKER_REMOVE_IMAGES": "0"}
+        engine.settings() | {"FABRIC_LAB_DOCKER_PROJECT": PROJECT, "FABRIC_LAB_DOCKER_REMOVE_IMAGES": "false"}
     )
     assert "DOCKER_HOST" not in lab.env(), "the engine is chosen by configuration, not by the caller's environment"
     if left := ours()["images"]:  # an earlier run's, stopped before its teardown: this test builds its own

@@ -3,11 +3,13 @@ nothing leaks and nothing is reported that was not measured.
 
 - Triton killed (SIGKILL, as the OOM killer does) while perf_analyzer measures: the bench keeps
   what it measured, says which model failed and why, and one teardown ends everything, stubs included.
-- Windows that never stabilise: bench, tune and run report "no stable measurement" with
-  perf_analyzer's own words, never figures, and the run is torn down.
+- Windows that never stabilise: bench and tune report "no stable measurement" with perf_analyzer's
+  own words, never figures (how `fab run` ends after such a bench: tests/test_pipeline_stages.py).
 - Two deploys at once: one waits for the other; --no-wait refuses. A deploy killed outright:
   the next command ends the Ansible run it left going.
 After each, one `fab teardown` exits 0 and no process, port or shared-memory region of ours is left.
+The unstable windows and the killed server share one deployment: the first only reads it, the
+second (after it) kills its server and tears it down.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.lab import assert_nothing_of_ours_is_left, our_processes
+from support.lab import assert_nothing_of_ours_is_left, new_lab, our_processes
 
 from provision.host.layout import run_dir
 from provision.lock import playbook_processes
@@ -50,16 +52,63 @@ def perf_analyzer_measures(model: str) -> bool:
     return done.returncode == 0
 
 
-def test_a_server_killed_during_the_bench_keeps_what_was_measured_and_teardown_ends_the_rest(lab, tmp_path):
-    home = tmp_path / "deploy-local"
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """One local deployment for the two tests that measure on it, in this file's order: the no-stable-window
+    test only reads it; the killed-server test then kills its server and proves that teardown ends the rest."""
+    lab = new_lab(tmp_path_factory.mktemp("faults-lab"))
     lab.fab("provision", "--target", "local")
     lab.fab("deploy")
+    yield lab
+    if lab.state() is not None:  # the killed-server test failed before its teardown, or did not run
+        lab.fab("teardown", "--purge", check=False)
+
+
+@pytest.mark.xdist_group("faults-deployment")
+def test_no_stable_window_is_reported_as_such_in_bench_and_tune_never_as_figures(deployed, tmp_path):
+    lab, unstable = deployed, unstable_quick_profile(tmp_path)
+
+    bench = lab.fab(*unstable, "bench", "--quick", "--model", "food_classifier")
+    run = Path(re.search(r"^results: (\S+)$", bench.stdout, flags=re.MULTILINE).group(1))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["models"] == {} and summary["best"] is None, "nothing measured, nothing invented"
+    assert summary["missing_levels"] == {"food_classifier": [2, 4]}
+    report = (run / "report.md").read_text()
+    assert re.search(
+        r'Not measured: no stable measurement at concurrency 2, 4 \(perf_analyzer: "Failed to obtain stable '
+        r"measurement within 3 measurement windows for concurrency 2",
+        report,
+    ), report
+    for plot in ("throughput.png", "latency.png"):
+        assert (run / plot).stat().st_size > 0
+
+    # One concurrency and one batch size: every candidate fails the same way, so a small grid proves it.
+    tune = lab.fab(
+        *unstable, "tune", "--model", "batching_food_classifier", "--p99-ms", "10000", "--quick", "--repeats", "1",
+        "--concurrency", "2:2:2", "--batch-sizes", "4", check=False,
+    )  # fmt: skip
+    assert tune.returncode == 1, tune.stdout + tune.stderr
+    candidates = re.findall(r"^  candidate (\d+): (.*)$", tune.stdout, flags=re.MULTILINE)
+    assert len(candidates) >= 2, tune.stdout
+    for number, line in candidates:
+        assert re.search(
+            r'not measured: no stable measurement at concurrency 2 \(perf_analyzer: "Failed to obtain', line
+        ), line
+        assert "infer/s" not in line, f"candidate {number} was given figures: {line}"
+    assert "no configuration of batching_food_classifier kept p99 within" in tune.stderr
+
+
+@pytest.mark.xdist_group("faults-deployment")
+def test_a_server_killed_during_the_bench_keeps_what_was_measured_and_teardown_ends_the_rest(deployed):
+    lab, home = deployed, deployed.root / "deploy-local"
+    earlier = set(lab.results_dir.glob("*"))  # the runs of the test before this one, on this deployment
     bench = lab.popen_fab("bench", "--quick", "--model", "food_classifier", "--model", "batching_food_classifier")
     try:
         # The first model's log, CSV and config are on the controller as soon as it is measured,
         # before the second model runs (the config comes last).
+        pattern = "*/hosts/local/configs/food_classifier.pbtxt"
         first_config = wait_for(
-            lambda: next(lab.results_dir.glob("*/hosts/local/configs/food_classifier.pbtxt"), None),
+            lambda: next((path for path in lab.results_dir.glob(pattern) if path.parents[3] not in earlier), None),
             "the first model's results",
             process=bench,
         )
@@ -92,58 +141,6 @@ def test_a_server_killed_during_the_bench_keeps_what_was_measured_and_teardown_e
     done = lab.fab("teardown", check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_nothing_of_ours_is_left(lab, home)
-
-
-def test_no_stable_window_is_reported_as_such_in_bench_and_tune_never_as_figures(lab, tmp_path):
-    unstable = unstable_quick_profile(tmp_path)
-    home = tmp_path / "deploy-local"
-    lab.fab("provision", "--target", "local")
-    lab.fab("deploy")
-
-    bench = lab.fab(*unstable, "bench", "--quick", "--model", "food_classifier")
-    run = Path(re.search(r"^results: (\S+)$", bench.stdout, flags=re.MULTILINE).group(1))
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["models"] == {} and summary["best"] is None, "nothing measured, nothing invented"
-    assert summary["missing_levels"] == {"food_classifier": [2, 4]}
-    report = (run / "report.md").read_text()
-    assert re.search(
-        r'Not measured: no stable measurement at concurrency 2, 4 \(perf_analyzer: "Failed to obtain stable '
-        r"measurement within 3 measurement windows for concurrency 2",
-        report,
-    ), report
-    for plot in ("throughput.png", "latency.png"):
-        assert (run / plot).stat().st_size > 0
-
-    # One concurrency and one batch size: every candidate fails the same way, so a small grid proves it.
-    tune = lab.fab(
-        *unstable, "tune", "--model", "batching_food_classifier", "--p99-ms", "10000", "--quick", "--repeats", "1",
-        "--concurrency", "2:2:2", "--batch-sizes", "4", check=False,
-    )  # fmt: skip
-    assert tune.returncode == 1, tune.stdout + tune.stderr
-    candidates = re.findall(r"^  candidate (\d+): (.*)$", tune.stdout, flags=re.MULTILINE)
-    assert len(candidates) >= 2, tune.stdout
-    for number, line in candidates:
-        assert re.search(
-            r'not measured: no stable measurement at concurrency 2 \(perf_analyzer: "Failed to obtain', line
-        ), line
-        assert "infer/s" not in line, f"candidate {number} was given figures: {line}"
-    assert "no configuration of batching_food_classifier kept p99 within" in tune.stderr
-
-    done = lab.fab("teardown", check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert_nothing_of_ours_is_left(lab, home)
-
-
-def test_a_run_whose_bench_measured_nothing_reports_it_and_tears_down(lab, tmp_path):
-    unstable = unstable_quick_profile(tmp_path)
-    done = lab.fab(
-        *unstable, "run", "--target", "local", "--quick", "--model", "food_classifier", check=False, timeout=1200
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    run = Path(re.search(r"fab run: results in (\S+)", done.stdout).group(1))
-    assert "Not measured: no stable measurement at concurrency 2, 4" in (run / "report.md").read_text()
-    assert done.stdout.rstrip().endswith("fab run: done; the deployment was torn down")
-    assert_nothing_of_ours_is_left(lab, tmp_path / "deploy-local")
 
 
 def test_two_deploys_at_once_one_waits_for_the_other(lab, tmp_path):

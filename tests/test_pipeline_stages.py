@@ -48,6 +48,22 @@ def test_a_bug_in_a_stage_ends_in_the_teardown_then_shows_its_traceback(settings
     assert "a_bug_in_the_bench" in errors, "the traceback names where the bug is"
 
 
+def test_a_bench_that_measured_nothing_ends_the_run_as_any_finished_bench(settings, tmp_path):
+    """A bench whose windows never stabilised has finished: its report says what it could not measure
+    (tests/test_faults.py, on a real server). The run names its folder, exits 0 and tears down."""
+    folder = tmp_path / "results" / "20261208-000000-local"
+
+    def measured_nothing() -> object:
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text('{"models": {}, "missing_levels": {"food_classifier": [2, 4]}}')
+        return folder
+
+    said, torn_down = [], []
+    ending = pipeline.run(stages(measured_nothing), lambda: torn_down.append(True), settings, say=said.append)
+    assert torn_down == [True] and (ending.failed, ending.code, ending.partial) == (None, 0, [])
+    assert said[-2:] == [f"fab run: results in {folder}", "fab run: done; the deployment was torn down"]
+
+
 def test_a_stage_s_clean_failure_is_no_bug(settings, capsys):
     def refused():
         raise Exit("error: --lb-node local: a node of its own for the balancer leaves no host to serve")

@@ -15,9 +15,16 @@ from support.serving import classify
 from provision import sample_images
 from provision.host.tritonserver import perf_analyzer_env
 from provision.measure import perf_runs
-from provision.perf import ANSWERED_FRACTION, DELAYED_LIMIT_PERCENT, rate_search_steps, write_input_json
+from provision.perf import (
+    ANSWERED_FRACTION,
+    DELAYED_LIMIT_PERCENT,
+    rate_search_steps,
+    rates_tried,
+    with_rate_facts,
+    write_input_json,
+)
 from provision.report import write_report
-from provision.server_report import rate_words
+from provision.server_report import rate_words, verdicts
 
 pytestmark = [pytest.mark.triton, pytest.mark.xdist_group("session_triton")]
 
@@ -65,6 +72,25 @@ def test_perf_analyzer_is_asked_for_poisson_arrivals_and_its_binary_search_on_p9
     command = " ".join(searched["command"])
     assert "--request-rate-range 1:64:1 --request-distribution poisson --binary-search --latency-threshold 250" in command
     assert "--percentile=99" in command and "--concurrency-range" not in command
+
+
+@pytest.mark.parametrize("one_rate", ["8", "8:8", "8:8:1"])
+def test_a_range_of_one_rate_is_measured_once_without_the_search(one_rate):
+    """The binary search measures both ends of its range: over one rate, the same rate twice."""
+    (perf,) = perf_runs(["food_classifier"], "127.0.0.1:8000", profile={**PROFILE, "request_rate_range": one_rate},
+                        server_p99_ms=BOUND_MS)  # fmt: skip
+    command = " ".join(perf.command())
+    assert f"--request-rate-range {one_rate} --request-distribution poisson --latency-threshold 250" in command
+    assert "--binary-search" not in command and rate_search_steps(one_rate) == 1
+    assert rate_search_steps("8:9:1") == 2, "two rates: the search, both ends"
+
+
+def test_a_rate_the_log_gives_to_more_decimals_than_the_csv_is_one_rate():
+    """Where the binary search halves an interval, perf_analyzer's log says 40.375 and its CSV 40.38."""
+    log = "Request Rate: 40.375 inference requests per second\n  Client: \n    Request count: 60\n"
+    rows = with_rate_facts([{"request_rate": 40.38, "throughput": 40.0, "p99_us": 90e3}], log)
+    assert rates_tried(log) == [40.38] and rows[0]["request_count"] == 60
+    assert [rate["request_rate"] for rate in verdicts(rows, rates_tried(log), 250, False)] == [40.38]
 
 
 def test_every_rate_tried_has_a_verdict_and_a_sustained_one_was_sent_on_schedule_and_answered(searched):
