@@ -59,9 +59,13 @@ class LabTask(Task):
     to its default's type while parsing, where `--repeats abc` ended in a ValueError's traceback).
     A flag whose default is None (not given) takes its type from its annotation. The body checks ranges."""
 
+    @functools.cached_property
+    def _parameters(self):
+        return inspect.signature(self.body).parameters
+
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
-        kind = _number_kind(inspect.signature(self.body).parameters[name])
+        kind = _number_kind(self._parameters[name])
         if kind:
             opts["kind"] = kind
         return opts

@@ -64,12 +64,16 @@ _INTEGER_GPU_FIELDS = ("memory_used_bytes", "memory_total_bytes")
 DEFAULT_METRICS_INTERVAL_MS = 1000  # perf_analyzer's own default for --metrics-interval
 
 
+def rate_range(request_rate_range: str) -> tuple[float, float, float]:
+    """perf_analyzer's --request-rate-range start:end:step as numbers ("N" alone is N:N:1)."""
+    parts = [float(part) for part in str(request_rate_range).split(":")]
+    return parts[0], (parts[1:2] or parts[:1])[0], (parts[2:3] or [1.0])[0]
+
+
 def is_one_rate(request_rate_range: str) -> bool:
-    """Whether a --request-rate-range (start[:end[:step]]) holds one rate: no end, or the end is the start."""
-    start, _, rest = str(request_rate_range).partition(":")
-    return not rest or float(rest.split(":")[0]) == float(start)
-
-
+    """Whether a --request-rate-range holds one rate: no end, or the end is the start."""
+    start, end, _ = rate_range(request_rate_range)
+    return start == end
 
 
 @dataclass

@@ -70,10 +70,26 @@ def client_script(name: str) -> ModuleType:
 
 
 class _Environment(_InvokeEnvironment):
-    """Invoke's reader of FABRIC_* variables, with the casts of _environment_cast."""
+    """Invoke's reader of FABRIC_* variables, casting each variable's text to the type of the value it
+    replaces. Invoke reads a boolean as false only for "0" or "", so that FABRIC_LAB_MODELS_GPU_DECODE=false
+    meant true, and ends every command in a traceback for a number that is not one: here a boolean takes
+    the words of TRUE_WORDS and FALSE_WORDS, and text that is not of the type stays text, for
+    type_problems (below) to name."""
 
-    def _cast(self, old, new):
-        return _environment_cast(old, new)
+    def _cast(self, old, new: str):
+        if isinstance(old, bool):
+            word = new.strip().lower()
+            return True if word in TRUE_WORDS else False if word in FALSE_WORDS else new
+        if isinstance(old, (int, float)):
+            for kind in (type(old), float):  # 2.5 where the default is 3: a number all the same
+                try:
+                    return kind(new)
+                except ValueError:
+                    pass
+            return new
+        if isinstance(old, (list, dict)):  # Invoke cannot read one from a variable: its text, named below
+            return new
+        return super()._cast(old, new)
 
 
 # Invoke's Config reads the environment through the name `Environment` of its module: Fabric's `fab`
@@ -143,26 +159,6 @@ def settings(overrides=None, runtime_path: str | None = None, strict: bool = Tru
 
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
 _KIND_WORDS = {bool: "true or false", int: "a number", float: "a number", list: "a list", dict: "a mapping"}
-
-
-def _environment_cast(old, new: str):
-    """A FABRIC_* variable's text as the type of the value it replaces. Invoke reads a boolean as false
-    only for "0" or "", so that FABRIC_LAB_MODELS_GPU_DECODE=false meant true, and ends every command
-    in a traceback for a number that is not one: here a boolean takes the words of TRUE_WORDS and
-    FALSE_WORDS, and text that is not of the type is kept as text, for type_problems to name."""
-    if isinstance(old, bool):
-        word = new.strip().lower()
-        return True if word in TRUE_WORDS else False if word in FALSE_WORDS else new
-    if isinstance(old, (int, float)):
-        for kind in (type(old), float):  # 2.5 where the default is 3: a number all the same
-            try:
-                return kind(new)
-            except ValueError:
-                pass
-        return new
-    if isinstance(old, (list, dict)):  # Invoke cannot read one from a variable: its text, named below
-        return new
-    return _InvokeEnvironment._cast(None, old, new)
 
 
 def _of_kind(value, default) -> bool:

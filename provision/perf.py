@@ -19,7 +19,7 @@ from provision.config import client_script
 # What client_scripts/perf_run.py gives this module (__getattr__ below).
 FROM_PERF_RUN = (
     "PerfRun", "parse_csv", "parse_gpu_field", "LATENCY_SPLIT", "GPU_COLUMNS", "DEFAULT_METRICS_INTERVAL_MS",
-    "is_one_rate",
+    "rate_range", "is_one_rate",
 )  # fmt: skip
 
 
@@ -36,19 +36,14 @@ def __getattr__(name: str):
 SCENARIOS = ("closed_loop", "server")
 
 
-def rate_range(request_rate_range: str) -> tuple[float, float, float]:
-    """perf_analyzer's --request-rate-range start:end:step as numbers ("N" alone is N:N:1)."""
-    parts = [float(part) for part in str(request_rate_range).split(":")]
-    return parts[0], (parts[1:2] or parts[:1])[0], (parts[2:3] or [1.0])[0]
-
-
 def rate_search_steps(request_rate_range: str) -> int:
     """How many rates perf_analyzer measures at most over start:end:step: one where the range holds
     one rate (measured without the search); else both ends, then halving the interval until it is
     narrower than the step (its binary search)."""
-    if client_script("perf_run").is_one_rate(request_rate_range):
+    perf_run = client_script("perf_run")
+    if perf_run.is_one_rate(request_rate_range):
         return 1
-    start, end, step = rate_range(request_rate_range)
+    start, end, step = perf_run.rate_range(request_rate_range)
     return 2 + max(0, math.ceil(math.log2(max((end - start) / max(step, 1e-9), 1.0))))
 
 

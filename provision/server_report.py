@@ -38,7 +38,6 @@ from provision.perf import (
     DELAYED_LIMIT_PERCENT,
     csv_rate,
     over_the_limit,
-    rate_range,
     rates_tried,
     schedule_shortfall,
     shortfall,
@@ -51,7 +50,7 @@ def summarize(
 ) -> dict:
     """summary.json's "server" part, from the first host's CSVs (parsed: `models`) and perf_analyzer's logs,
     for every model benchmarked (one whose first rate was already over the bound has no CSV)."""
-    top = rate_range(searched)[1]
+    top = client_script("perf_run").rate_range(searched)[1]
     found = {}
     for model in benchmarked:
         rows = models.get(model, [])
